@@ -1,0 +1,222 @@
+// The counters of one rank and the named signal/wait operations on them.
+// Roles never touch a raw atomic: they call these functions, whose names say
+// which counter moves and whose bodies fix the memory order. The scope (one
+// GPU, or the whole system for peers over NVLink) is the Sync backend's.
+//
+// A Sync backend provides, over uint32_t words:
+//   load_acquire(p), store_release(p, v), add_release(p, v),
+//   fetch_add_relaxed(p, v) -> old, compare_exchange(p, expected, desired) -> bool,
+//   load_relaxed(p), start_clock() -> clock, expired(clock) -> bool, pause().
+// src/protocol/host_sync.hpp is the host one (the CPU model of the protocol);
+// the device one lives beside the megakernel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/host_device.hpp"
+#include "protocol/forward_plan.hpp"
+
+namespace mok::protocol {
+
+enum class CounterId : uint32_t {
+  kNone = 0,
+  kTileFilled = 1,
+  kRingConsumed = 2,
+  kHReady = 3,
+  kHConsumed = 4,
+  kSharedHReady = 5,
+  kSharedDone = 6,
+  kDownDone = 7,
+};
+
+inline const char* counter_name(CounterId id) {
+  switch (id) {
+    case CounterId::kNone: return "none";
+    case CounterId::kTileFilled: return "tile_filled";
+    case CounterId::kRingConsumed: return "ring_consumed";
+    case CounterId::kHReady: return "h_ready";
+    case CounterId::kHConsumed: return "h_consumed";
+    case CounterId::kSharedHReady: return "shared_h_ready";
+    case CounterId::kSharedDone: return "shared_done";
+    case CounterId::kDownDone: return "down_done";
+  }
+  return "unknown";
+}
+
+// Written once, by the first wait that times out; the host turns it into an error.
+struct StallReport {
+  uint32_t counter;   // CounterId; 0 while nothing stalled
+  int32_t waiter;     // rank whose worker waited
+  int32_t owner;      // rank that owns the counter
+  int32_t index;      // element of the counter array
+  uint32_t target;
+  uint32_t observed;
+};
+
+// One rank's counters. All live in that rank's memory and start at zero.
+struct ForwardCounters {
+  uint32_t* tile_filled;     // [ring_tiles]
+  uint32_t* ring_consumed;   // [ring_slots]
+  uint32_t* h_ready;         // [ring_tiles]
+  uint32_t* h_consumed;      // [ring_slots]
+  uint32_t* shared_h_ready;  // [shared_m_tiles]
+  uint32_t* shared_done;     // [1]
+  uint32_t* down_done;       // [1]
+  uint32_t* ticket;          // [1] next GEMM task
+  uint32_t* abort;           // [1] nonzero once any wait of the world gave up
+  StallReport* stall;        // [1]
+};
+
+// Words of uint32_t the counters take; the caller zeroes them before a pass.
+MOK_HD size_t counter_words(const ForwardGeometry& g) {
+  return 2 * static_cast<size_t>(g.ring_tiles()) + 2 * static_cast<size_t>(g.ring_slots) +
+         static_cast<size_t>(g.shared_m_tiles) + 4 + sizeof(StallReport) / sizeof(uint32_t);
+}
+
+// Carves the counters out of `words` (counter_words(g) zeroed words). The
+// stall report and abort flag given here are the world's shared ones when
+// not null, so that one stall stops every rank.
+MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
+                                      uint32_t* world_abort = nullptr,
+                                      StallReport* world_stall = nullptr) {
+  ForwardCounters c;
+  c.tile_filled = words;
+  words += g.ring_tiles();
+  c.ring_consumed = words;
+  words += g.ring_slots;
+  c.h_ready = words;
+  words += g.ring_tiles();
+  c.h_consumed = words;
+  words += g.ring_slots;
+  c.shared_h_ready = words;
+  words += g.shared_m_tiles;
+  c.shared_done = words++;
+  c.down_done = words++;
+  c.ticket = words++;
+  c.abort = world_abort != nullptr ? world_abort : words;
+  ++words;
+  c.stall = world_stall != nullptr ? world_stall : reinterpret_cast<StallReport*>(words);
+  return c;
+}
+
+// Spins until *counter >= target. Returns false when the pass is aborting:
+// another wait timed out, or this one did (then it records the stall first).
+template <class Sync>
+MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const uint32_t* counter,
+                          uint32_t target, CounterId id, int32_t waiter, int32_t owner,
+                          int32_t index) {
+  auto clock = sync.start_clock();
+  for (;;) {
+    const uint32_t observed = sync.load_acquire(counter);
+    if (observed >= target) return true;
+    if (sync.load_relaxed(waiter_view.abort) != 0) return false;
+    if (sync.expired(clock)) {
+      StallReport* report = waiter_view.stall;
+      if (sync.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(id))) {
+        report->waiter = waiter;
+        report->owner = owner;
+        report->index = index;
+        report->target = target;
+        report->observed = observed;
+      }
+      sync.store_release(waiter_view.abort, 1u);
+      return false;
+    }
+    sync.pause();
+  }
+}
+
+// ---- dispatch ---------------------------------------------------------------
+// Before filling m-tile rows of minibatch mb: its ring slot's previous
+// generation must have been read by every gate/up task.
+template <class Sync>
+MOK_HD bool wait_ring_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
+  const int32_t slot = g.slot_of(mb);
+  return wait_at_least(s, c, c.ring_consumed + slot, ring_free_target(g, mb), CounterId::kRingConsumed, rank, rank, slot);
+}
+// After the m-tile's rows are in the ring (the copies complete and visible).
+template <class Sync>
+MOK_HD void signal_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
+  const int32_t mb = m_tile / g.tiles_per_minibatch();
+  s.store_release(c.tile_filled + ring_tile_index(g, m_tile), tile_filled_target(g, mb));
+}
+
+// ---- routed gate/up (+SwiGLU) -----------------------------------------------
+template <class Sync>
+MOK_HD bool wait_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
+  const int32_t mb = m_tile / g.tiles_per_minibatch();
+  const int32_t index = ring_tile_index(g, m_tile);
+  return wait_at_least(s, c, c.tile_filled + index, tile_filled_target(g, mb), CounterId::kTileFilled, rank, rank, index);
+}
+// Before writing h of minibatch mb: its h slot's previous generation was read
+// by every down task.
+template <class Sync>
+MOK_HD bool wait_h_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
+  const int32_t slot = g.slot_of(mb);
+  return wait_at_least(s, c, c.h_consumed + slot, h_free_target(g, mb), CounterId::kHConsumed, rank, rank, slot);
+}
+// After the task's last read of the x ring.
+template <class Sync>
+MOK_HD void signal_ring_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
+  s.add_release(c.ring_consumed + g.slot_of(mb), 1u);
+}
+// After the task's h columns are stored and visible.
+template <class Sync>
+MOK_HD void signal_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
+  s.add_release(c.h_ready + ring_tile_index(g, m_tile), 1u);
+}
+
+// ---- routed down ------------------------------------------------------------
+template <class Sync>
+MOK_HD bool wait_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
+  const int32_t mb = m_tile / g.tiles_per_minibatch();
+  const int32_t index = ring_tile_index(g, m_tile);
+  return wait_at_least(s, c, c.h_ready + index, h_ready_target(g, mb), CounterId::kHReady, rank, rank, index);
+}
+// After the task's last read of the h ring.
+template <class Sync>
+MOK_HD void signal_h_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
+  s.add_release(c.h_consumed + g.slot_of(mb), 1u);
+}
+// After the task's y rows are stored into their home ranks' combine buffers.
+template <class Sync>
+MOK_HD void signal_down_done(Sync& s, const ForwardCounters& c) {
+  s.add_release(c.down_done, 1u);
+}
+
+// ---- shared expert ----------------------------------------------------------
+template <class Sync>
+MOK_HD void signal_shared_h_ready(Sync& s, const ForwardCounters& c, int32_t m_tile) {
+  s.add_release(c.shared_h_ready + m_tile, 1u);
+}
+template <class Sync>
+MOK_HD bool wait_shared_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
+  return wait_at_least(s, c, c.shared_h_ready + m_tile, shared_h_ready_target(g), CounterId::kSharedHReady, rank, rank, m_tile);
+}
+template <class Sync>
+MOK_HD void signal_shared_done(Sync& s, const ForwardCounters& c) {
+  s.add_release(c.shared_done, 1u);
+}
+
+// ---- combine (on the home rank) ---------------------------------------------
+template <class Sync>
+MOK_HD bool wait_shared_done(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t rank) {
+  return wait_at_least(s, c, c.shared_done, shared_done_target(g), CounterId::kSharedDone, rank, rank, 0);
+}
+// Polls the owner's own counter (a read of peer memory; no remote atomics):
+// once it reaches the owner's total, every y row the owner made is in place.
+template <class Sync>
+MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const ForwardCounters& owner_counters,
+                           const ForwardGeometry& owner_geometry, int32_t waiter_rank, int32_t owner_rank) {
+  return wait_at_least(s, waiter, owner_counters.down_done, down_done_target(owner_geometry),
+                       CounterId::kDownDone, waiter_rank, owner_rank, 0);
+}
+
+// ---- GEMM task tickets ------------------------------------------------------
+template <class Sync>
+MOK_HD int64_t take_ticket(Sync& s, const ForwardCounters& c) {
+  return static_cast<int64_t>(s.fetch_add_relaxed(c.ticket, 1u));
+}
+
+}  // namespace mok::protocol
