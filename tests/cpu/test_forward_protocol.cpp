@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/random_layer.hpp"
+#include "mok/synthetic.hpp"
 #include "mok/presets.hpp"
 #include "mok/schedule.hpp"
 #include "protocol/counters.hpp"
@@ -63,7 +63,7 @@ struct RankModel {
 
 class ProtocolModel {
  public:
-  ProtocolModel(const mok::LayerConfig& config, const mok::test::RandomLayer& layer,
+  ProtocolModel(const mok::LayerConfig& config, const mok::synthetic::Layer& layer,
                 const ModelOptions& options)
       : config_(config), options_(options), sync_(options.timeout) {
     const auto routing = layer.routing();
@@ -310,9 +310,9 @@ class ProtocolModel {
   std::atomic<int> combines_verified_{0};
 };
 
-void run_and_expect_clean(const mok::LayerConfig& config, mok::test::RoutingMode mode,
+void run_and_expect_clean(const mok::LayerConfig& config, mok::synthetic::RoutingMode mode,
                           const ModelOptions& options, uint64_t seed) {
-  const auto layer = mok::test::make_random_layer(config, seed, mode);
+  const auto layer = mok::synthetic::make_layer(config, seed, mode);
   ProtocolModel model(config, layer, options);
   model.run();
   for (const std::string& e : model.errors()) ADD_FAILURE() << e;
@@ -335,7 +335,7 @@ TEST(ForwardProtocol, CompletesAndMovesEveryRowOnceUnderRandomDelays) {
         options.minibatch_tiles = minibatch_tiles;
         SCOPED_TRACE(testing::Message() << "R=" << world << " slots=" << ring_slots
                                         << " minibatch_tiles=" << minibatch_tiles);
-        run_and_expect_clean(config, mok::test::RoutingMode::kUniform, options, seed++);
+        run_and_expect_clean(config, mok::synthetic::RoutingMode::kUniform, options, seed++);
       }
     }
   }
@@ -350,7 +350,7 @@ TEST(ForwardProtocol, RingFarSmallerThanOneExpertsRows) {
   options.minibatch_tiles = 1;
   options.dispatch_workers = 3;
   options.gemm_workers = 4;
-  run_and_expect_clean(config, mok::test::RoutingMode::kSameExperts, options, 77);
+  run_and_expect_clean(config, mok::synthetic::RoutingMode::kSameExperts, options, 77);
 }
 
 TEST(ForwardProtocol, NoSharedExpertAndSkewedRouting) {
@@ -358,7 +358,7 @@ TEST(ForwardProtocol, NoSharedExpertAndSkewedRouting) {
   ModelOptions options;
   options.dispatch_delay_us = 50;  // dispatch slower than compute
   options.gemm_delay_us = 5;
-  run_and_expect_clean(config, mok::test::RoutingMode::kSkewed, options, 5);
+  run_and_expect_clean(config, mok::synthetic::RoutingMode::kSkewed, options, 5);
 }
 
 TEST(ForwardProtocol, TheChecksCatchADispatchThatIgnoresTheRing) {
@@ -366,7 +366,7 @@ TEST(ForwardProtocol, TheChecksCatchADispatchThatIgnoresTheRing) {
   // With slow readers it overwrites rows before they are read; the model
   // must report it (so the clean runs above are evidence, not luck).
   auto config = mok::make_config(mok::find_shape("small"), 1, 48);
-  const auto layer = mok::test::make_random_layer(config, 3, mok::test::RoutingMode::kUniform);
+  const auto layer = mok::synthetic::make_layer(config, 3, mok::synthetic::RoutingMode::kUniform);
   ModelOptions options;
   options.ring_slots = 1;
   options.minibatch_tiles = 1;
@@ -385,7 +385,7 @@ TEST(ForwardProtocol, TheChecksCatchADispatchThatIgnoresTheRing) {
 
 TEST(ForwardProtocol, AStarvedWaitTimesOutWithAReport) {
   auto config = mok::make_config(mok::find_shape("small"), 2, 8);
-  const auto layer = mok::test::make_random_layer(config, 4, mok::test::RoutingMode::kUniform);
+  const auto layer = mok::synthetic::make_layer(config, 4, mok::synthetic::RoutingMode::kUniform);
   ModelOptions options;
   options.dispatch_workers = 0;  // nobody fills the ring
   options.timeout = std::chrono::milliseconds(200);

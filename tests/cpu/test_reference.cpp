@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/random_layer.hpp"
+#include "mok/synthetic.hpp"
 #include "mok/bf16.hpp"
 #include "mok/error.hpp"
 #include "mok/reference.hpp"
@@ -16,9 +16,9 @@
 namespace mok {
 namespace {
 
-using test::make_random_layer;
-using test::RandomLayer;
-using test::RoutingMode;
+using synthetic::make_layer;
+using synthetic::Layer;
+using synthetic::RoutingMode;
 
 constexpr int kH = 64;
 
@@ -86,13 +86,13 @@ struct LayerRun {
   ReferenceBackward bwd;
 };
 
-LayerRun run_layer(const RandomLayer& layer, const ReferenceOptions& opts, int tile_rows = 128) {
+LayerRun run_layer(const Layer& layer, const ReferenceOptions& opts, int tile_rows = 128) {
   const std::vector<RankRouting> routing = layer.routing();
   ScheduleOptions schedule_options;
   schedule_options.tile_rows = tile_rows;
   const WorldSchedule schedule = build_schedule(layer.config, routing, schedule_options);
-  const std::vector<std::vector<float>> dout = test::random_dout(layer.config, 99);
-  const std::vector<const float*> dout_ptrs = test::rank_pointers(dout);
+  const std::vector<std::vector<float>> dout = synthetic::random_dout(layer.config, 99);
+  const std::vector<const float*> dout_ptrs = synthetic::rank_pointers(dout);
   const LayerInputs inputs = layer.inputs();
   return {reference_forward(inputs, schedule, opts), reference_backward(inputs, schedule, dout_ptrs, opts)};
 }
@@ -241,8 +241,8 @@ TEST_F(HandLayer, BackwardWeightGradientsByHand) {
 TEST(Reference, OutIsSharedPlusSlotsInOrderInFP32) {
   for (const int shared_experts : {0, 1}) {
     SCOPED_TRACE(shared_experts);
-    const RandomLayer layer =
-        make_random_layer(small_config({5, 3}, 8, 3, shared_experts), 11);
+    const Layer layer =
+        make_layer(small_config({5, 3}, 8, 3, shared_experts), 11);
     const LayerRun run = run_layer(layer, options(RefPrecision::kFP32));
     const int k = layer.config.top_k;
     for (int r = 0; r < 2; ++r) {
@@ -266,7 +266,7 @@ TEST(Reference, OutIsSharedPlusSlotsInOrderInFP32) {
 }
 
 TEST(Reference, FP32ForwardCloseToFP64) {
-  const RandomLayer layer = make_random_layer(small_config({7, 6}), 5);
+  const Layer layer = make_layer(small_config({7, 6}), 5);
   const LayerInputs in = layer.inputs();
   const WorldSchedule schedule = build_schedule(layer.config, in.routing);
   const ReferenceForward f32 = reference_forward(in, schedule, options(RefPrecision::kFP32));
@@ -286,8 +286,8 @@ TEST(Reference, FP32ForwardCloseToFP64) {
 TEST(Reference, ThreadCountNeverChangesABit) {
   // 150 tokens all on experts 0..2: 150 rows per expert, more than one chunk
   // of the backward's row loop.
-  const RandomLayer layer =
-      make_random_layer(small_config({100, 50}, 8, 3), 21, RoutingMode::kSameExperts);
+  const Layer layer =
+      make_layer(small_config({100, 50}, 8, 3), 21, RoutingMode::kSameExperts);
   for (const RefPrecision precision : {RefPrecision::kFP32, RefPrecision::kFP64}) {
     const LayerRun base = run_layer(layer, options(precision, 1));
     for (const int threads : {2, 3, 8}) {
@@ -307,12 +307,12 @@ TEST(Reference, EveryWorldSizeAndTileHeightGivesTheSameBits) {
   const std::vector<std::vector<int>> splits = {{13}, {0, 13}, {6, 7}, {1, 0, 7, 5}, {0, 1, 12, 0}};
   for (const RoutingMode mode : {RoutingMode::kUniform, RoutingMode::kSkewed}) {
     for (const RefPrecision precision : {RefPrecision::kFP32, RefPrecision::kFP64}) {
-      const LayerRun base = run_layer(make_random_layer(small_config(splits[0]), 3, mode),
+      const LayerRun base = run_layer(make_layer(small_config(splits[0]), 3, mode),
                                  options(precision));
       for (const std::vector<int>& split : splits) {
         for (const int tile_rows : {1, 5, 128}) {
           SCOPED_TRACE(testing::Message() << "R " << split.size() << " tile " << tile_rows);
-          const RandomLayer layer = make_random_layer(small_config(split), 3, mode);
+          const Layer layer = make_layer(small_config(split), 3, mode);
           const LayerRun run = run_layer(layer, options(precision, 2), tile_rows);
           expect_same_forward(base.fwd, run.fwd);
           expect_same_backward(base.bwd, run.bwd);
@@ -323,8 +323,8 @@ TEST(Reference, EveryWorldSizeAndTileHeightGivesTheSameBits) {
 }
 
 TEST(Reference, ExtremeImbalanceLeavesIdleExpertsWithZeroGradients) {
-  const RandomLayer layer =
-      make_random_layer(small_config({5, 0, 1, 9}, 8, 3), 8, RoutingMode::kSameExperts);
+  const Layer layer =
+      make_layer(small_config({5, 0, 1, 9}, 8, 3), 8, RoutingMode::kSameExperts);
   const LayerRun run = run_layer(layer, options(RefPrecision::kFP32, 2));
   const int64_t per_expert13 = 2 * 64 * kH;
   for (int e = 0; e < 8; ++e) {
@@ -341,7 +341,7 @@ TEST(Reference, ExtremeImbalanceLeavesIdleExpertsWithZeroGradients) {
 }
 
 TEST(Reference, ScheduleCombineRowNamesTheRowThatHoldsEachEntry) {
-  const RandomLayer layer = make_random_layer(small_config({4, 0, 6, 3}), 17, RoutingMode::kSkewed);
+  const Layer layer = make_layer(small_config({4, 0, 6, 3}), 17, RoutingMode::kSkewed);
   const std::vector<RankRouting> routing = layer.routing();
   const WorldSchedule schedule = build_schedule(layer.config, routing);
   const int k = layer.config.top_k;
@@ -364,18 +364,18 @@ TEST(Reference, ScheduleCombineRowNamesTheRowThatHoldsEachEntry) {
 class ReferenceRejects : public ::testing::Test {
  protected:
   ReferenceRejects()
-      : layer_(make_random_layer(small_config({3, 0}), 1)),
+      : layer_(make_layer(small_config({3, 0}), 1)),
         routing_(layer_.routing()),
         schedule_(build_schedule(layer_.config, routing_)),
-        dout_(test::random_dout(layer_.config, 2)),
-        dout_ptrs_(test::rank_pointers(dout_)) {}
+        dout_(synthetic::random_dout(layer_.config, 2)),
+        dout_ptrs_(synthetic::rank_pointers(dout_)) {}
 
   void expect_rejected(const LayerInputs& in, const WorldSchedule& schedule) {
     EXPECT_THROW(reference_forward(in, schedule), Error);
     EXPECT_THROW(reference_backward(in, schedule, dout_ptrs_), Error);
   }
 
-  RandomLayer layer_;
+  Layer layer_;
   std::vector<RankRouting> routing_;
   WorldSchedule schedule_;
   std::vector<std::vector<float>> dout_;
@@ -425,7 +425,7 @@ TEST_F(ReferenceRejects, ScheduleOfAnotherShapeOrRouting) {
   schedule.combine_row[0].pop_back();
   expect_rejected(in, schedule);
   // Built for other routing with the same shape.
-  const RandomLayer other = make_random_layer(layer_.config, 2);
+  const Layer other = make_layer(layer_.config, 2);
   const std::vector<RankRouting> other_routing = other.routing();
   expect_rejected(in, build_schedule(layer_.config, other_routing));
 }
@@ -462,15 +462,15 @@ TEST_F(ReferenceRejects, TamperedRowsOrCombineMap) {
 
 // ---------------------------------------------------------------------------
 
-TEST(RandomLayer, DeterministicValidAndBF16Exact) {
+TEST(Layer, DeterministicValidAndBF16Exact) {
   for (const RoutingMode mode : {RoutingMode::kUniform, RoutingMode::kSkewed, RoutingMode::kSameExperts}) {
     const LayerConfig config = small_config({40, 0, 1, 23}, 8, 3);
-    const RandomLayer a = make_random_layer(config, 7, mode);
-    const RandomLayer b = make_random_layer(config, 7, mode);
+    const Layer a = make_layer(config, 7, mode);
+    const Layer b = make_layer(config, 7, mode);
     EXPECT_EQ(a.x, b.x);
     EXPECT_EQ(a.expert_ids, b.expert_ids);
     EXPECT_EQ(a.w13, b.w13);
-    EXPECT_NE(make_random_layer(config, 8, mode).w13, a.w13);
+    EXPECT_NE(make_layer(config, 8, mode).w13, a.w13);
     const std::vector<RankRouting> routing = a.routing();
     EXPECT_NO_THROW(validate_routing(config, routing, true));
     for (const std::vector<float>* v : {&a.w13, &a.w2, &a.shared_w13, &a.shared_w2, &a.x[0], &a.weights[3]}) {
@@ -483,12 +483,12 @@ TEST(RandomLayer, DeterministicValidAndBF16Exact) {
   }
 }
 
-TEST(RandomLayer, RoutingModesShapeTheLoad) {
+TEST(Layer, RoutingModesShapeTheLoad) {
   const LayerConfig config = small_config({300, 300}, 16, 2);
   std::vector<std::vector<int>> load(3, std::vector<int>(16, 0));
   const RoutingMode modes[] = {RoutingMode::kUniform, RoutingMode::kSkewed, RoutingMode::kSameExperts};
   for (int m = 0; m < 3; ++m) {
-    const RandomLayer layer = make_random_layer(config, 4, modes[m]);
+    const Layer layer = make_layer(config, 4, modes[m]);
     for (const std::vector<int32_t>& ids : layer.expert_ids) {
       for (int32_t id : ids) ++load[m][id];
     }
@@ -501,9 +501,9 @@ TEST(RandomLayer, RoutingModesShapeTheLoad) {
 }
 
 // The data is a function of the global token index, not of the split.
-TEST(RandomLayer, SameGlobalBatchForEverySplit) {
-  const RandomLayer one = make_random_layer(small_config({9}), 12);
-  const RandomLayer four = make_random_layer(small_config({2, 0, 6, 1}), 12);
+TEST(Layer, SameGlobalBatchForEverySplit) {
+  const Layer one = make_layer(small_config({9}), 12);
+  const Layer four = make_layer(small_config({2, 0, 6, 1}), 12);
   std::vector<float> x;
   std::vector<int32_t> ids;
   for (int r = 0; r < 4; ++r) {

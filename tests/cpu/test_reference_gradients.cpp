@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/random_layer.hpp"
+#include "mok/synthetic.hpp"
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 
@@ -57,11 +57,11 @@ std::vector<double> concat(const std::vector<std::vector<double>>& per_rank) {
 class ReferenceGradients : public ::testing::Test {
  protected:
   ReferenceGradients()
-      : layer_(test::make_random_layer(gradient_config(), 31)),
+      : layer_(synthetic::make_layer(gradient_config(), 31)),
         routing_(layer_.routing()),
         schedule_(build_schedule(layer_.config, routing_)),
-        dout_(test::random_dout(layer_.config, 32)),
-        dout_ptrs_(test::rank_pointers(dout_)) {
+        dout_(synthetic::random_dout(layer_.config, 32)),
+        dout_ptrs_(synthetic::rank_pointers(dout_)) {
     const LayerInputs in = layer_.inputs();
     grad_ = reference_backward(in, schedule_, dout_ptrs_, options(RefPrecision::kFP64));
   }
@@ -104,7 +104,7 @@ class ReferenceGradients : public ::testing::Test {
     ASSERT_GT(analytic.size(), 0u) << name;
     const double scale = max_abs(analytic);
     ASSERT_GT(scale, 0.0) << name << " is all zero: the check would prove nothing";
-    test::Rng rng(seed, 0);
+    synthetic::Rng rng(seed, 0);
     const size_t checks = std::min<size_t>(kChecksPerGradient, analytic.size());
     for (size_t n = 0; n < checks; ++n) {
       const size_t i = checks == analytic.size() ? n : static_cast<size_t>(rng.below(static_cast<int>(analytic.size())));
@@ -123,7 +123,7 @@ class ReferenceGradients : public ::testing::Test {
     return nullptr;
   }
 
-  test::RandomLayer layer_;
+  synthetic::Layer layer_;
   std::vector<RankRouting> routing_;
   WorldSchedule schedule_;
   std::vector<std::vector<float>> dout_;
