@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device-machine session for the GEMM engine: configure, build the GPU
+# tests and the torch extension, run them, then the benchmark. Logs go to
+# $OUT (or ./out). Usage: bench/run_on_device.sh [tests|bench|all] [bench args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+gtest=(); [ -d .deps/googletest ] && gtest=(-DMOK_GTEST_SOURCE=$PWD/.deps/googletest)
+t0=$(date +%s)
+if ! cmake --preset default "${gtest[@]}" -DMOK_TORCH=ON -DMOK_PTXAS_VERBOSE=ON >"$OUT/configure.log" 2>&1; then
+  echo "configure with torch failed; retrying without:"; tail -20 "$OUT/configure.log"
+  cmake --preset default "${gtest[@]}" -DMOK_TORCH=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+fi
+targets=(mok_gpu_tests); grep -q mok_torch build/build.ninja && targets+=(mok_torch)
+cmake --build build -j16 --target "${targets[@]}" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+grep -E "registers|spill|C75" "$OUT/build.log" | sort | uniq -c
+echo "build: $(( $(date +%s) - t0 )) s"
+rc=0
+if [ "$what" != bench ]; then
+  timeout 240 build/tests/mok_gpu_tests --gtest_color=no >"$OUT/gtest.log" 2>&1; rc=$?
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|Failure|error" "$OUT/gtest.log" | head -40
+  echo "gtest rc=$rc"
+  if [ -f build/python/libmok_torch.so ]; then
+    timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tail -15 | tee "$OUT/pytest.log"
+  fi
+fi
+if [ "$what" != tests ] && [ -f build/python/libmok_torch.so ]; then
+  timeout 400 python3 bench/bench_grouped_gemm.py "$@" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc

@@ -1,0 +1,73 @@
+// Grouped GEMM on Hopper (bf16 in, fp32 accumulate, bf16 out): the tensor-core
+// engine of the MoE layer, callable on its own. Host API only.
+//
+// Layout (all row-major, bf16 stored as uint16_t bits):
+//   a     [m_total, k]           activation rows; group g owns rows
+//                                [group_offset[g], group_offset[g] + group_rows[g])
+//   b     plain : [G, n, k]      weights in nn.Linear layout (K contiguous)
+//         SwiGLU: [G, 2n, k]     w13: rows [0, n) gate, rows [n, 2n) up
+//   out   [m_total, n]           plain : out = a . b[g]^T
+//                                SwiGLU: out = silu(a . gate^T) * (a . up^T), fp32 math,
+//                                        one bf16 rounding at the end
+// group_offset (int32 [G + 1]) and group_rows (int32 [G]) live in DEVICE memory
+// and are never read by the host (no synchronisation). Offsets need not be
+// multiples of the tile height; rows between group_offset[g] + group_rows[g]
+// and group_offset[g + 1] are padding and are never written, nor is any row at
+// or past m_total. The device trusts: 0 <= group_offset[g] <= group_offset[g+1],
+// group_offset[g] + group_rows[g] <= group_offset[g + 1] <= m_total, rows >= 0.
+//
+// Supported sizes: k and n multiples of 64 (k >= 64, n >= 64), 1 <= G, m_total
+// and G * n * k below 2^31 elements per dimension product (see docs/gemm.md);
+// a, b, out 16-byte aligned; group arrays 4-byte aligned. Anything else throws
+// mok::Error before any launch.
+//
+// Determinism: a row's output depends only on that row and the weights: same
+// bits whatever its offset, its group's size, the other rows or the grid size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace mok {
+
+enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1 };
+
+struct GroupedGemmArgs {
+  const void* a = nullptr;              // bf16 [m_total, k]
+  const void* b = nullptr;              // bf16 [G, n, k] or [G, 2n, k] (SwiGLU)
+  void* out = nullptr;                  // bf16 [m_total, n]
+  const int32_t* group_offset = nullptr;  // device int32 [G + 1]
+  const int32_t* group_rows = nullptr;    // device int32 [G]
+  int num_groups = 0;                   // G
+  int64_t m_total = 0;                  // rows of a and out
+  int64_t n = 0;                        // output columns
+  int64_t k = 0;                        // reduction length
+  GemmEpilogue epilogue = GemmEpilogue::kPlain;
+  int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
+};
+
+// The compile-time tile shape chosen for an epilogue, for printing and docs.
+struct GroupedGemmConfig {
+  int block_m = 0;         // rows per tile
+  int block_n = 0;         // weight rows per tile (SwiGLU: half gate, half up)
+  int block_k = 0;
+  int out_cols = 0;        // output columns per tile
+  int stages = 0;          // TMA pipeline depth
+  int consumer_warpgroups = 0;
+  int threads = 0;
+  int smem_bytes = 0;
+  std::string describe() const;
+};
+
+GroupedGemmConfig grouped_gemm_config(GemmEpilogue epilogue);
+
+// Throws mok::Error naming the first bad field; touches no device memory.
+void validate_grouped_gemm(const GroupedGemmArgs& args);
+
+// Validates, then enqueues one persistent kernel on `stream` (nullptr = the
+// legacy default stream). Asynchronous: no host synchronisation.
+void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream = nullptr);
+
+}  // namespace mok

@@ -1,0 +1,95 @@
+// Tile epilogues: fp32 accumulators -> bf16 -> shared staging (stmatrix) ->
+// 16-byte global stores, 64 output columns at a time per warp.
+//
+// Only rows [tile.row0, tile.row_end) and columns [0, n_cols) are written:
+// padding rows between groups, and the next group's rows when a tile
+// straddles a group boundary, are never touched. (This is why there is no TMA
+// store: its box would overwrite them.)
+//
+// Rounding is spelled out with _rn intrinsics so no compiler contraction can
+// make two code paths round differently:
+//   plain : bf16_rn(acc)
+//   SwiGLU: bf16_rn( (gate / (1 + e^-gate)) * up ), with
+//           e^-gate = __expf(-gate) (ex2.approx), the sum __fadd_rn, the
+//           division __fdividef (rcp.approx; 2 ulp, no slow-path call) and
+//           the product __fmul_rn. Reference: silu(g) = g / (1 + exp(-g)).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "device/gemm/tile_config.cuh"
+#include "device/ptx/stmatrix.cuh"
+#include "device/sched/grouped_tiles.cuh"
+
+namespace mok::device {
+
+// silu(gate) * up in fp32; the formula the CPU references reproduce.
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+  const float e = __expf(-gate);  // +inf for gate < -88: silu -> -0, as it should
+  const float silu = __fdividef(gate, __fadd_rn(1.0f, e));
+  return __fmul_rn(silu, up);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Output chunk j (8 columns), row half h of this thread's fragment, as two
+// packed bf16.
+template <class Cfg>
+__device__ __forceinline__ uint32_t epilogue_pair(const float (&acc)[Cfg::kAccRegs], int j, int h) {
+  const int i = 4 * j + 2 * h;
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    constexpr int kUp = 4 * (Cfg::kBlockN / 16);  // up columns sit BN/2 after their gate columns
+    return pack_bf16x2(silu_mul(acc[i], acc[i + kUp]), silu_mul(acc[i + 1], acc[i + 1 + kUp]));
+  } else {
+    return pack_bf16x2(acc[i], acc[i + 1]);
+  }
+}
+
+// Consumer warpgroup `consumer` writes its 64 rows of the tile.
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const float (&acc)[Cfg::kAccRegs],
+                                           GemmSharedStorage<Cfg>& smem, int consumer,
+                                           const GemmTile& tile, uint16_t* out, int n_cols) {
+  const int warp = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  uint8_t* staging = smem.staging[consumer * 4 + warp];
+  // stmatrix: lane gives row (lane % 8) of matrix lane / 8; matrices are
+  // (rows 0-7, chunk c), (rows 8-15, chunk c), (rows 0-7, c+1), (rows 8-15, c+1).
+  const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int st_chunk = lane >> 4;
+  const int first_row = tile.row0 + consumer * 64 + warp * 16;
+
+#pragma unroll
+  for (int slab = 0; slab < Cfg::kOutCols / 64; ++slab) {
+    const int col0 = tile.n0 + slab * 64;
+    if (col0 >= n_cols) break;  // warp-uniform: N is a multiple of 64
+#pragma unroll
+    for (int pair = 0; pair < 4; ++pair) {
+      const int j = slab * 8 + 2 * pair;
+      const int chunk = 2 * pair + st_chunk;
+      // 16-byte chunks XOR-swizzled by row: conflict-free stmatrix and reads.
+      stmatrix_x4(staging + st_row * 128 + ((chunk ^ (st_row & 7)) * 16),
+                  epilogue_pair<Cfg>(acc, j, 0), epilogue_pair<Cfg>(acc, j, 1),
+                  epilogue_pair<Cfg>(acc, j + 1, 0), epilogue_pair<Cfg>(acc, j + 1, 1));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int r = it * 4 + (lane >> 3);
+      const int c = lane & 7;
+      const uint4 v = *reinterpret_cast<const uint4*>(staging + r * 128 + ((c ^ (r & 7)) * 16));
+      const int row = first_row + r;
+      if (row < tile.row_end) {
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_cols + col0 + c * 8) = v;
+      }
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace mok::device

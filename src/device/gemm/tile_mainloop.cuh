@@ -1,0 +1,96 @@
+// The two halves of one tile's K loop: the producer's TMA loads and the
+// consumer warpgroups' wgmma. Both are plain device functions of (operands,
+// shared storage, ring cursor, task) so a megakernel can call them for its own
+// tasks; the persistent grouped-GEMM kernel is one such caller.
+//
+// Determinism: every output element is the same sequence of
+// m64n{BN}k16 wgmma over k = 0, 16, 32, ... K-16, first one with D
+// overwritten, whatever the tile's position, the group or the grid size.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "device/gemm/tile_config.cuh"
+#include "device/pipeline/stage_ring.cuh"
+#include "device/ptx/async_copy.cuh"
+#include "device/ptx/wgmma.cuh"
+#include "device/sched/grouped_tiles.cuh"
+
+namespace mok::device {
+
+// Tensor maps of one grouped GEMM (__grid_constant__ kernel parameters).
+//   a: 2-D {K, M_total}, box {64, BM}
+//   b: plain  3-D {K, N, G},    box {64, BN, 1}
+//      SwiGLU 4-D {K, N, 2, G}, box {64, BN/2, 1, 1} (w13 viewed as [G][2][N][K])
+struct GemmTensorMaps {
+  const CUtensorMap* a;
+  const CUtensorMap* b;
+};
+
+// Producer (one thread): stream the tile's k_blocks stages into the ring.
+template <class Cfg>
+__device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmSharedStorage<Cfg>& smem,
+                                          StageRing<Cfg::kStages>& ring, const GemmTile& tile,
+                                          int k_blocks) {
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    uint64_t* full = ring.producer_acquire(Cfg::kStageBytes);
+    auto& stage = smem.stages[ring.stage];
+    const int k0 = kb * Cfg::kBlockK;
+    tma_load_2d(stage.a, maps.a, full, k0, tile.row0);
+    if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+      constexpr int kHalf = Cfg::kBlockN / 2;
+      tma_load_4d(stage.b, maps.b, full, k0, tile.n0, 0, tile.group);                   // gate rows
+      tma_load_4d(stage.b + kHalf * Cfg::kBlockK, maps.b, full, k0, tile.n0, 1, tile.group);  // up rows
+    } else {
+      tma_load_3d(stage.b, maps.b, full, k0, tile.n0, tile.group);
+    }
+    ring.advance();
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void mma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
+                                         uint32_t accumulate) {
+  if constexpr (kN == 256) {
+    wgmma::mma_m64n256k16(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma::mma_m64n128k16(d, desc_a, desc_b, accumulate);
+  }
+}
+
+// Consumer warpgroup `consumer` (all 128 threads): acc = A[64 rows of this
+// warpgroup] x B[BN rows]^T over the whole K. One wgmma group stays in
+// flight while the next stage is awaited; a stage is handed back as soon as
+// the group that read it has retired.
+template <class Cfg>
+__device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
+                                         int consumer, int k_blocks, float (&acc)[Cfg::kAccRegs]) {
+  const bool releaser = (threadIdx.x % 32) == 0;  // one arrival per consumer warp
+  int prev_stage = -1;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ring.consumer_wait();
+    auto& stage = smem.stages[ring.stage];
+    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kBlockK);
+    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < Cfg::kBlockK / 16; ++k) {
+      mma_bf16<Cfg::kBlockN>(acc, wgmma::advance_k(desc_a, 16 * k), wgmma::advance_k(desc_b, 16 * k),
+                             (kb > 0 || k > 0) ? 1u : 0u);
+    }
+    wgmma::commit_group();
+    wgmma::fence_operands(acc);
+    wgmma::wait_group<1>();
+    if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
+    prev_stage = ring.stage;
+    ring.advance();
+  }
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(acc);
+  if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
+}
+
+}  // namespace mok::device

@@ -1,0 +1,188 @@
+// Host side of the grouped GEMM: argument checks, tensor maps, launch. The
+// tile configurations instantiated in this build are listed here, and only
+// here.
+#include "mok/grouped_gemm.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "device/gemm/tile_config.cuh"
+#include "device/host/driver_api.hpp"
+#include "device/kernel/grouped_gemm_kernel.cuh"
+#include "mok/error.hpp"
+
+namespace mok {
+namespace {
+
+using device::EpilogueKind;
+using device::GemmTileConfig;
+
+// --- The instantiations (tile BM x BN x 64, stages, epilogue) ---------------
+// BN is the wgmma N: SwiGLU tiles hold 128 gate + 128 up weight rows and emit
+// 128 output columns. docs/perf-notes.md records why these shapes.
+using PlainConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain>;
+using SwigluConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
+
+template <class Cfg>
+GroupedGemmConfig describe_config() {
+  GroupedGemmConfig c;
+  c.block_m = Cfg::kBlockM;
+  c.block_n = Cfg::kBlockN;
+  c.block_k = Cfg::kBlockK;
+  c.out_cols = Cfg::kOutCols;
+  c.stages = Cfg::kStages;
+  c.consumer_warpgroups = Cfg::kConsumerWarpgroups;
+  c.threads = Cfg::kThreads;
+  c.smem_bytes = device::gemm_smem_bytes<Cfg>();
+  return c;
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+void require_pointer(const void* p, const char* field, uintptr_t alignment) {
+  if (p == nullptr) throw Error(std::string(field) + " is null");
+  if (!aligned(p, alignment)) {
+    std::ostringstream msg;
+    msg << field << " = " << p << ": must be " << alignment << "-byte aligned";
+    throw Error(msg.str());
+  }
+}
+
+constexpr int64_t kInt32Max = 2147483647;
+
+// A K-major bf16 operand as a TMA tensor map, 128-byte swizzle, box inner
+// dimension 64 elements (one swizzle row), zero fill out of bounds.
+CUtensorMap encode_map(const char* what, const void* base, int rank, const cuuint64_t* dims,
+                       const cuuint64_t* byte_strides, const cuuint32_t* box) {
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return device::encode_tensor_map_tiled(
+      what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), base, dims,
+      byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+struct DeviceInfo {
+  int device = -1;
+  int sms = 0;
+};
+
+int sm_count() {
+  thread_local DeviceInfo cached;
+  int device = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&device));
+  if (cached.device != device) {
+    int major = 0;
+    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major != 9) {
+      throw Error("grouped_gemm needs a Hopper GPU (sm_90a); device " + std::to_string(device) +
+                  " has compute capability " + std::to_string(major) + ".x");
+    }
+    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&cached.sms, cudaDevAttrMultiProcessorCount, device));
+    cached.device = device;
+  }
+  return cached.sms;
+}
+
+template <class Cfg>
+void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
+  const cuuint64_t k = static_cast<cuuint64_t>(args.k);
+  const cuuint64_t n = static_cast<cuuint64_t>(args.n);
+  const cuuint64_t g = static_cast<cuuint64_t>(args.num_groups);
+  const cuuint64_t row_bytes = k * 2;
+
+  const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(args.m_total)};
+  const cuuint64_t a_strides[1] = {row_bytes};
+  const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM};
+  const CUtensorMap a_map = encode_map("a", args.a, 2, a_dims, a_strides, a_box);
+
+  CUtensorMap b_map;
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    const cuuint64_t b_dims[4] = {k, n, 2, g};
+    const cuuint64_t b_strides[3] = {row_bytes, n * row_bytes, 2 * n * row_bytes};
+    const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
+    b_map = encode_map("b (w13)", args.b, 4, b_dims, b_strides, b_box);
+  } else {
+    const cuuint64_t b_dims[3] = {k, n, g};
+    const cuuint64_t b_strides[2] = {row_bytes, n * row_bytes};
+    const cuuint32_t b_box[3] = {Cfg::kBlockK, Cfg::kBlockN, 1};
+    b_map = encode_map("b", args.b, 3, b_dims, b_strides, b_box);
+  }
+
+  device::GroupedGemmParams params;
+  params.out = static_cast<uint16_t*>(args.out);
+  params.group_offset = args.group_offset;
+  params.group_rows = args.group_rows;
+  params.num_groups = args.num_groups;
+  params.m_total = static_cast<int>(args.m_total);
+  params.n_cols = static_cast<int>(args.n);
+  params.k = static_cast<int>(args.k);
+
+  // Upper bound on tasks without reading the device-resident counts: each
+  // group has at most ceil(rows / BM) row tiles, and sum(rows) <= m_total.
+  const int64_t n_tiles = (args.n + Cfg::kOutCols - 1) / Cfg::kOutCols;
+  const int64_t max_tasks = ((args.m_total + Cfg::kBlockM - 1) / Cfg::kBlockM + args.num_groups) * n_tiles;
+  if (max_tasks > kInt32Max) throw Error("grouped_gemm: task count exceeds 2^31; split the call");
+  int ctas = sm_count();
+  if (args.max_ctas > 0 && args.max_ctas < ctas) ctas = args.max_ctas;
+  if (max_tasks < ctas) ctas = static_cast<int>(max_tasks);
+
+  const int smem = device::gemm_smem_bytes<Cfg>();
+  auto* kernel = device::grouped_gemm_kernel<Cfg>;
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, params);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+std::string GroupedGemmConfig::describe() const {
+  std::ostringstream s;
+  s << "tile " << block_m << "x" << block_n << "x" << block_k << " (out cols " << out_cols << "), "
+    << stages << " stages, " << consumer_warpgroups << " consumer warpgroups + 1 producer, "
+    << threads << " threads, " << smem_bytes << " B smem";
+  return s.str();
+}
+
+GroupedGemmConfig grouped_gemm_config(GemmEpilogue epilogue) {
+  return epilogue == GemmEpilogue::kSwiGLU ? describe_config<SwigluConfig>()
+                                           : describe_config<PlainConfig>();
+}
+
+void validate_grouped_gemm(const GroupedGemmArgs& args) {
+  if (args.epilogue != GemmEpilogue::kPlain && args.epilogue != GemmEpilogue::kSwiGLU) {
+    throw Error("epilogue = " + std::to_string(static_cast<int>(args.epilogue)) + ": not a GemmEpilogue");
+  }
+  require(args.num_groups > 0, "num_groups", args.num_groups, "must be >= 1");
+  require(args.k >= 64 && args.k % 64 == 0 && args.k <= kInt32Max, "k", args.k,
+          "must be a positive multiple of 64 (below 2^31)");
+  require(args.n >= 64 && args.n % 64 == 0 && args.n <= kInt32Max, "n", args.n,
+          "must be a positive multiple of 64 (below 2^31)");
+  require(args.m_total >= 0 && args.m_total <= kInt32Max, "m_total", args.m_total,
+          "must be in [0, 2^31)");
+  require(args.max_ctas >= 0, "max_ctas", args.max_ctas, "must be >= 0 (0 = one per SM)");
+  const int64_t weight_rows = args.epilogue == GemmEpilogue::kSwiGLU ? 2 * args.n : args.n;
+  require(static_cast<int64_t>(args.num_groups) * weight_rows <= kInt32Max, "num_groups * weight rows",
+          static_cast<int64_t>(args.num_groups) * weight_rows, "must be below 2^31");
+  require_pointer(args.a, "a", 16);
+  require_pointer(args.b, "b", 16);
+  require_pointer(args.out, "out", 16);
+  require_pointer(args.group_offset, "group_offset", 4);
+  require_pointer(args.group_rows, "group_rows", 4);
+}
+
+void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
+  validate_grouped_gemm(args);
+  if (args.m_total == 0) return;  // no rows: nothing to write
+  if (args.epilogue == GemmEpilogue::kSwiGLU) {
+    launch<SwigluConfig>(args, stream);
+  } else {
+    launch<PlainConfig>(args, stream);
+  }
+}
+
+}  // namespace mok

@@ -1,0 +1,89 @@
+// mbarrier and TMA (bulk tensor copy) as mok's device code uses them: one-line
+// wrappers over CCCL's cuda::ptx, named after what they do, so that role code
+// never spells PTX. Everything here is CTA-scoped (no clusters).
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace mok::device {
+
+// --- mbarrier ---------------------------------------------------------------
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  cuda::ptx::mbarrier_init(bar, arrivals);
+}
+
+// Makes barrier initialisation visible to the async proxy (TMA completes
+// transactions on the barriers); follow it with a CTA barrier.
+__device__ __forceinline__ void fence_barrier_init() {
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+
+// Arrive once (release, CTA scope).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  (void)cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                   cuda::ptx::space_shared, bar);
+}
+
+// Arrive once and announce `bytes` of TMA transactions that will complete the
+// current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                             cuda::ptx::space_shared, bar, bytes);
+}
+
+// Blocks until the phase with parity `parity` has completed (acquire, CTA).
+// A wait longer than ~10 s means a protocol bug, not a slow GPU: the kernel
+// traps (the launch fails with cudaErrorLaunchFailure / illegal instruction)
+// instead of hanging the machine. No printf here: a function call anywhere in
+// the kernel makes ptxas serialise every wgmma (warning C7510).
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+  if (cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar,
+                                          parity)) {
+    return;
+  }
+  const uint64_t start = cuda::ptx::get_sreg_globaltimer();
+  uint32_t polls = 0;
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar,
+                                              parity)) {
+    if ((++polls & 1023u) == 0 &&
+        cuda::ptx::get_sreg_globaltimer() - start > 10ull * 1000 * 1000 * 1000) {
+      __trap();
+    }
+  }
+}
+
+// --- TMA loads (global -> shared, completing on an mbarrier) -----------------
+// Coordinates are in elements, innermost dimension first, as in the tensor
+// map. Out-of-bounds elements are zero-filled and still count towards the
+// barrier's transaction bytes.
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, uint64_t* bar,
+                                            int32_t c0, int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
+                                  tensor_map, coords, bar);
+}
+
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* tensor_map, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2) {
+  const int32_t coords[3] = {c0, c1, c2};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
+                                  tensor_map, coords, bar);
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst,
+                                  tensor_map, coords, bar);
+}
+
+// Pulls a __grid_constant__ tensor map into the descriptor cache ahead of use.
+__device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
+
+}  // namespace mok::device

@@ -1,0 +1,21 @@
+// stmatrix (sm_90): a warp stores four 8x8 bf16 matrices from registers to
+// shared memory. cuda::ptx has no form of it, hence inline asm.
+//
+// Register k of thread t holds row t/4, columns 2*(t%4) and 2*(t%4)+1 of
+// matrix k (the same fragment layout as a wgmma accumulator's 8x8 chunk);
+// thread t gives the shared address of row t%8 of matrix t/8.
+#pragma once
+
+#include <cstdint>
+
+namespace mok::device {
+
+__device__ __forceinline__ void stmatrix_x4(void* smem_row, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+}  // namespace mok::device
