@@ -46,6 +46,9 @@ struct GroupedGemmArgs {
   int64_t k = 0;                        // reduction length
   GemmEpilogue epilogue = GemmEpilogue::kPlain;
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
+  // Row tiles per raster band inside a group (tile order only; results never
+  // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.
+  int raster_band = 0;
 };
 
 // The compile-time tile shape chosen for an epilogue, for printing and docs.

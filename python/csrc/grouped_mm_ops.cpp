@@ -14,19 +14,38 @@
 
 namespace {
 
-void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
+// Messages are formatted here into one std::string and handed to torch as a
+// const char*: streaming integers or shapes into TORCH_CHECK segfaulted on
+// the device machine (torch 2.11, cause not established), plain C strings
+// never did.
+[[noreturn]] void fail(const std::string& message) { TORCH_CHECK(false, message.c_str()); }
+
+std::string shape(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+void check_tensor(const at::Tensor& t, const std::string& name, at::ScalarType dtype, int64_t dim,
                   const at::Device& device) {
-  TORCH_CHECK(t.defined(), "mok: ", name, " is undefined");
-  TORCH_CHECK(t.is_cuda(), "mok: ", name, " must be a CUDA tensor (got ", t.device(), ")");
-  TORCH_CHECK(t.device() == device, "mok: ", name, " is on ", t.device(), " but a is on ", device);
-  TORCH_CHECK(t.scalar_type() == dtype, "mok: ", name, " must be ", dtype, " (got ", t.scalar_type(), ")");
-  TORCH_CHECK(t.dim() == dim, "mok: ", name, " must have ", dim, " dimensions (got shape ", t.sizes(), ")");
-  TORCH_CHECK(t.is_contiguous(), "mok: ", name, " must be contiguous");
+  if (!t.defined()) fail("mok: " + name + " is undefined");
+  if (!t.is_cuda()) fail("mok: " + name + " must be a CUDA tensor");
+  if (t.device() != device) {
+    fail("mok: " + name + " is on cuda:" + std::to_string(t.device().index()) + " but a is on cuda:" +
+         std::to_string(device.index()));
+  }
+  if (t.scalar_type() != dtype) {
+    fail("mok: " + name + " must be " + c10::toString(dtype) + " (got " + c10::toString(t.scalar_type()) + ")");
+  }
+  if (t.dim() != dim) {
+    fail("mok: " + name + " must have " + std::to_string(dim) + " dimensions (got shape " + shape(t) + ")");
+  }
+  if (!t.is_contiguous()) fail("mok: " + name + " must be contiguous");
 }
 
 at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
                const at::Tensor& group_rows, mok::GemmEpilogue epilogue) {
-  TORCH_CHECK(a.defined() && a.is_cuda(), "mok: a must be a CUDA tensor");
+  if (!a.defined() || !a.is_cuda()) fail("mok: a must be a CUDA tensor");
   const at::Device device = a.device();
   check_tensor(a, "a", at::kBFloat16, 2, device);
   check_tensor(b, "b", at::kBFloat16, 3, device);
@@ -34,14 +53,21 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   check_tensor(group_rows, "group_rows", at::kInt, 1, device);
   const int64_t groups = b.size(0);
   const bool swiglu = epilogue == mok::GemmEpilogue::kSwiGLU;
-  TORCH_CHECK(a.size(1) == b.size(2), "mok: a is [M, K] = ", a.sizes(), " but b is [G, N, K] = ",
-              b.sizes(), ": K differs");
-  TORCH_CHECK(!swiglu || b.size(1) % 2 == 0, "mok: w13 must be [G, 2N, K] (gate rows then up rows); got ",
-              b.sizes());
-  TORCH_CHECK(group_rows.size(0) == groups, "mok: group_rows must have G = ", groups, " entries (got ",
-              group_rows.size(0), ")");
-  TORCH_CHECK(group_offset.size(0) == groups + 1, "mok: group_offset must have G + 1 = ", groups + 1,
-              " entries (got ", group_offset.size(0), ")");
+  if (a.size(1) != b.size(2)) {
+    fail("mok: a is [M, K] = " + shape(a) + " but b is [G, N, K] = " + shape(b) + ": K differs");
+  }
+  if (swiglu && b.size(1) % 2 != 0) {
+    fail("mok: w13 must be [G, 2N, K] (gate rows then up rows); got " + shape(b));
+  }
+  if (group_rows.size(0) != groups) {
+    fail("mok: group_rows must have G = " + std::to_string(groups) + " entries (got " +
+         std::to_string(group_rows.size(0)) + ")");
+  }
+  if (group_offset.size(0) != groups + 1) {
+    fail("mok: group_offset must have G + 1 = " + std::to_string(groups + 1) + " entries (got " +
+         std::to_string(group_offset.size(0)) + ")");
+  }
+  if (groups > 2147483647) fail("mok: too many groups: " + std::to_string(groups));
   const int64_t n = swiglu ? b.size(1) / 2 : b.size(1);
 
   const c10::cuda::CUDAGuard guard(device);
@@ -54,7 +80,6 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   args.group_offset = group_offset.data_ptr<int32_t>();
   args.group_rows = group_rows.data_ptr<int32_t>();
   args.num_groups = static_cast<int>(groups);
-  TORCH_CHECK(groups == args.num_groups, "mok: too many groups: ", groups);
   args.m_total = a.size(0);
   args.n = n;
   args.k = a.size(1);
@@ -62,7 +87,7 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   try {
     mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   } catch (const mok::Error& e) {
-    TORCH_CHECK(false, e.what());
+    fail(e.what());
   }
   return out;
 }

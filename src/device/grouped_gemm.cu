@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -88,6 +89,18 @@ int sm_count() {
   return cached.sms;
 }
 
+// Row tiles per raster band (sched/grouped_tiles.cuh). MOK_GEMM_BAND
+// overrides it for tuning runs; results never depend on it.
+int env_int(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  const int value = env != nullptr ? std::atoi(env) : 0;
+  return value > 0 ? value : fallback;
+}
+int default_raster_band() {
+  static const int band = env_int("MOK_GEMM_BAND", 8);
+  return band;
+}
+
 template <class Cfg>
 void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   const cuuint64_t k = static_cast<cuuint64_t>(args.k);
@@ -121,6 +134,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   params.m_total = static_cast<int>(args.m_total);
   params.n_cols = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
+  params.band = args.raster_band > 0 ? args.raster_band : default_raster_band();
 
   // Upper bound on tasks without reading the device-resident counts: each
   // group has at most ceil(rows / BM) row tiles, and sum(rows) <= m_total.
@@ -165,6 +179,7 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
   require(args.m_total >= 0 && args.m_total <= kInt32Max, "m_total", args.m_total,
           "must be in [0, 2^31)");
   require(args.max_ctas >= 0, "max_ctas", args.max_ctas, "must be >= 0 (0 = one per SM)");
+  require(args.raster_band >= 0, "raster_band", args.raster_band, "must be >= 0 (0 = default)");
   const int64_t weight_rows = args.epilogue == GemmEpilogue::kSwiGLU ? 2 * args.n : args.n;
   require(static_cast<int64_t>(args.num_groups) * weight_rows <= kInt32Max, "num_groups * weight rows",
           static_cast<int64_t>(args.num_groups) * weight_rows, "must be below 2^31");

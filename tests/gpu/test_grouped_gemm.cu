@@ -117,7 +117,7 @@ Problem make_problem(const Layout& layout, int64_t n, int64_t k, GemmEpilogue ep
 }
 
 // Runs the GPU kernel on poisoned output; returns the whole output.
-std::vector<uint16_t> run_gpu(const Problem& p, int max_ctas = 0) {
+std::vector<uint16_t> run_gpu(const Problem& p, int max_ctas = 0, int raster_band = 0) {
   DeviceBuffer<uint16_t> a(p.a), b(p.b);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
   DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
@@ -134,6 +134,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, int max_ctas = 0) {
   args.k = p.k;
   args.epilogue = p.epilogue;
   args.max_ctas = max_ctas;
+  args.raster_band = raster_band;
   mok::grouped_gemm(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   return out.download();
@@ -236,6 +237,23 @@ TEST(GroupedGemm, ManyTilesPerCtaMatchAndAreBitwiseEqual) {
     const std::vector<uint16_t> full = run_gpu(p);
     expect_matches_reference(p, full);
     for (int ctas : {1, 3, 7}) EXPECT_EQ(run_gpu(p, ctas), full) << "max_ctas " << ctas;
+    for (int band : {1, 2, 100}) EXPECT_EQ(run_gpu(p, 0, band), full) << "raster_band " << band;
+  }
+}
+
+TEST(GroupedGemm, ManyGroupsBeyondTheSharedMemoryTable) {
+  MOK_REQUIRE_HOPPER();
+  // More groups than the kernel copies to shared memory (512): the walker
+  // reads the counts from global memory instead.
+  std::mt19937 rng(10);
+  std::vector<int32_t> rows(700), padding(700);
+  for (size_t g = 0; g < rows.size(); ++g) {
+    rows[g] = static_cast<int32_t>(rng() % 5);
+    padding[g] = static_cast<int32_t>(rng() % 3);
+  }
+  for (GemmEpilogue e : {GemmEpilogue::kPlain, GemmEpilogue::kSwiGLU}) {
+    const Problem p = make_problem(Layout::make(rows, padding, 1, 1), 128, 64, e, 11);
+    expect_matches_reference(p, run_gpu(p));
   }
 }
 
@@ -334,6 +352,7 @@ TEST(GroupedGemm, BadArgumentsRejectedBeforeLaunch) {
   { auto x = good(); x.m_total = -1; expect_rejected(x, "negative m_total"); }
   { auto x = good(); x.m_total = int64_t{1} << 32; expect_rejected(x, "m_total too large"); }
   { auto x = good(); x.max_ctas = -1; expect_rejected(x, "negative max_ctas"); }
+  { auto x = good(); x.raster_band = -1; expect_rejected(x, "negative raster_band"); }
   { auto x = good(); x.epilogue = static_cast<GemmEpilogue>(7); expect_rejected(x, "bad epilogue"); }
   // The message names the field.
   try {

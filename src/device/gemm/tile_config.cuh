@@ -33,6 +33,9 @@ struct GemmTileConfig {
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // Epilogue staging: each consumer warp owns 16 rows x 64 columns of bf16.
   static constexpr int kStagingBytesPerWarp = 16 * 64 * 2;
+  // Groups whose counts the kernel copies to shared memory (more: read from
+  // global memory as the walk goes).
+  static constexpr int kSmemGroups = 512;
 
   // Register split (65536 per SM, one CTA per SM): the producer warpgroup
   // keeps 40, the consumers share the rest, rounded down to a multiple of 8.
@@ -57,6 +60,8 @@ struct alignas(1024) GemmSharedStorage {
   };
   Stage stages[Cfg::kStages];
   alignas(16) uint8_t staging[Cfg::kConsumerWarps][Cfg::kStagingBytesPerWarp];
+  int32_t group_rows[Cfg::kSmemGroups];
+  int32_t group_offset[Cfg::kSmemGroups];
   uint64_t full[Cfg::kStages];
   uint64_t empty[Cfg::kStages];
 };

@@ -26,6 +26,7 @@ struct GroupedGemmParams {
   int m_total;
   int n_cols;  // output columns N
   int k;       // reduction length K
+  int band;    // row tiles per raster band (sched/grouped_tiles.cuh)
 };
 
 template <class Cfg>
@@ -41,13 +42,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tma_prefetch_descriptor(&a_map);
     tma_prefetch_descriptor(&b_map);
   }
+  // Group counts: a shared-memory copy keeps global-load latency out of the
+  // consumers' path between tiles.
+  const bool counts_in_smem = params.num_groups <= Cfg::kSmemGroups;
+  if (counts_in_smem) {
+    for (int g = threadIdx.x; g < params.num_groups; g += Cfg::kThreads) {
+      smem.group_rows[g] = params.group_rows[g];
+      smem.group_offset[g] = params.group_offset[g];
+    }
+  }
   __syncthreads();
 
   const GemmTensorMaps maps{&a_map, &b_map};
   GroupedTileWalker<Cfg::kBlockM, Cfg::kOutCols> walker{
-      params.group_offset, params.group_rows, params.num_groups,
-      (params.n_cols + Cfg::kOutCols - 1) / Cfg::kOutCols, params.m_total,
-      static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
+      counts_in_smem ? smem.group_offset : params.group_offset,
+      counts_in_smem ? smem.group_rows : params.group_rows,
+      params.num_groups,
+      (params.n_cols + Cfg::kOutCols - 1) / Cfg::kOutCols,
+      params.band,
+      params.m_total,
+      static_cast<int>(blockIdx.x),
+      static_cast<int>(gridDim.x)};
   StageRing<Cfg::kStages> ring{smem.full, smem.empty};
   const int k_blocks = params.k / Cfg::kBlockK;
   const int warpgroup = threadIdx.x / 128;

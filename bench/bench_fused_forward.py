@@ -1,0 +1,155 @@
+"""Fused forward megakernel vs the torch-native MoE forward, one process, one GPU.
+
+The torch-native pipeline: stable sort of (token, slot) entries by expert,
+gather, torch._grouped_mm (gate/up), SwiGLU, torch._grouped_mm (down), scatter
+back, fp32 weighted sum over the k slots, plus the shared expert as dense
+matmuls. Both sides get the same bf16 inputs. Useful FLOPs only (no padding):
+6 * (T + T*k) * H * I with one shared expert of width I (the MoK count).
+Times are medians of CUDA-event timings after warm-up. The dense bf16 peak is
+measured in the same run (8192^3 matmul). Prints a table last.
+
+usage: python3 bench/bench_fused_forward.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import mok  # noqa: E402  (loads libmok_torch.so)
+
+
+def median_ms(fn, warmup=5, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def dense_peak_tflops():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: a @ b, warmup=3, iters=10)
+    return 2 * 8192**3 / ms / 1e9
+
+
+def make_layer(T, H, I, E, k, shared, skew=False, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.rand(T, H, device="cuda", generator=g) * 2 - 1).bfloat16()
+    scores = torch.rand(T, E, device="cuda", generator=g)
+    if skew:
+        scores = scores / torch.arange(1, E + 1, device="cuda").float()  # low ids win more often
+    top = torch.topk(scores, k, dim=1)
+    ids = top.indices.int().contiguous()
+    w = torch.softmax(top.values, dim=1).float().contiguous()
+    w13 = ((torch.rand(E, 2 * I, H, device="cuda", generator=g) * 2 - 1) / H**0.5).bfloat16()
+    w2 = ((torch.rand(E, H, I, device="cuda", generator=g) * 2 - 1) / I**0.5).bfloat16()
+    sw13 = sw2 = None
+    if shared:
+        sw13 = ((torch.rand(2 * I, H, device="cuda", generator=g) * 2 - 1) / H**0.5).bfloat16()
+        sw2 = ((torch.rand(H, I, device="cuda", generator=g) * 2 - 1) / I**0.5).bfloat16()
+    return x, ids, w, w13, w2, sw13, sw2
+
+
+def torch_native(x, ids, w, w13, w2, sw13, sw2):
+    T, k = ids.shape
+    E, two_i, H = w13.shape
+    I = two_i // 2
+    flat = ids.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    xs = x[order // k]
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    gu = torch._grouped_mm(xs, w13.transpose(-2, -1), offs=offs)
+    h = F.silu(gu[:, :I]) * gu[:, I:]
+    y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+    y_slots = torch.empty_like(y)
+    y_slots[order] = y
+    out = (y_slots.view(T, k, H).float() * w.unsqueeze(-1)).sum(1)
+    if sw13 is not None:
+        s = F.silu(x @ sw13[:I].t()) * (x @ sw13[I:].t())
+        out = out + (s @ sw2.t()).float()
+    return out.bfloat16()
+
+
+def split_world(R, x, ids, w, w13, w2):
+    T = x.shape[0]
+    E = w13.shape[0]
+    t, e = T // R, E // R
+    xs = [x[r * t:(r + 1) * t].contiguous() for r in range(R)]
+    idss = [ids[r * t:(r + 1) * t].contiguous() for r in range(R)]
+    ws = [w[r * t:(r + 1) * t].contiguous() for r in range(R)]
+    w13s = [w13[r * e:(r + 1) * e].contiguous() for r in range(R)]
+    w2s = [w2[r * e:(r + 1) * e].contiguous() for r in range(R)]
+    return xs, idss, ws, w13s, w2s
+
+
+def fused(R, layer, minibatch=1024, slots=4, ctas=0, comm=0, check=False):
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    xs, idss, ws, w13s, w2s = split_world(R, x, ids, w, w13, w2)
+    E = w13.shape[0]
+
+    def fn():
+        return torch.ops.mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, E, minibatch, slots, ctas, comm, check)
+    return fn
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    peak = dense_peak_tflops()
+    print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
+
+    shapes = [  # name, T, H, I, E (per-GPU slice), k, shared
+        ("dsv3-ep8-slice", 4096, 7168, 2048, 32, 8, True),
+        ("glm4.5-ep8-slice", 4096, 5120, 1536, 20, 8, True),
+        ("qwen3-235b-ep8-slice", 4096, 4096, 1536, 16, 8, False),
+    ]
+    if args.quick:
+        shapes = shapes[:1]
+    rows = []
+    for name, T, H, I, E, k, shared in shapes:
+        for skew in (False, True):
+            layer = make_layer(T, H, I, E, k, shared, skew=skew)
+            flops = 6.0 * (T + T * k if shared else T * k) * H * I
+            ref = torch_native(*layer)
+            out = fused(1, layer, check=True)()[0]
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            t_native = median_ms(lambda: torch_native(*layer))
+            t_fused = median_ms(fused(1, layer))
+            label = name + (" skewed" if skew else "")
+            rows.append((label, "R=1", t_native, t_fused, flops, err))
+            print(f"{label}: native {t_native:.3f} ms, fused {t_fused:.3f} ms, rel err vs native {err:.2e}", flush=True)
+        if name == "dsv3-ep8-slice":
+            layer = make_layer(T, H, I, E, k, shared)
+            t_native = median_ms(lambda: torch_native(*layer))
+            for R in (2, 8):
+                t = median_ms(fused(R, layer))
+                rows.append((name, f"R={R} virtual", t_native, t, flops, float("nan")))
+            for mb in (256, 512, 2048):
+                t = median_ms(fused(1, layer, minibatch=mb))
+                rows.append((name, f"R=1 minibatch {mb}", t_native, t, flops, float("nan")))
+
+    print()
+    print(f"{'shape':<30} {'config':<20} {'native ms':>10} {'fused ms':>9} {'ratio':>6} {'TFLOP/s':>8} {'% peak':>7}")
+    for label, cfg, tn, tf, flops, _ in rows:
+        tflops = flops / tf / 1e9
+        print(f"{label:<30} {cfg:<20} {tn:>10.3f} {tf:>9.3f} {tn / tf:>6.2f} {tflops:>8.0f} {100 * tflops / peak:>6.1f}%")
+
+
+if __name__ == "__main__":
+    main()
