@@ -5,6 +5,10 @@
 
 #if defined(__CUDACC__)
 #define MOK_HD __host__ __device__ __forceinline__
+// Put before a MOK_HD template over a backend that is host-only or
+// device-only (the protocol's Sync): only the side that instantiates it is checked.
+#define MOK_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
 #else
 #define MOK_HD inline
+#define MOK_EXEC_CHECK_DISABLE
 #endif

@@ -28,6 +28,9 @@ enum class CounterId : uint32_t {
   kSharedHReady = 5,
   kSharedDone = 6,
   kDownDone = 7,
+  kScheduleCounted = 8,
+  kScheduleFilled = 9,
+  kBadRouting = 10,  // not a counter: a routing entry the schedule rejected
 };
 
 inline const char* counter_name(CounterId id) {
@@ -40,6 +43,9 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kSharedHReady: return "shared_h_ready";
     case CounterId::kSharedDone: return "shared_done";
     case CounterId::kDownDone: return "down_done";
+    case CounterId::kScheduleCounted: return "schedule_counted";
+    case CounterId::kScheduleFilled: return "schedule_filled";
+    case CounterId::kBadRouting: return "bad routing entry";
   }
   return "unknown";
 }
@@ -64,6 +70,8 @@ struct ForwardCounters {
   uint32_t* shared_done;     // [1]
   uint32_t* down_done;       // [1]
   uint32_t* ticket;          // [1] next GEMM task
+  uint32_t* schedule_counted;  // [1] local experts whose rows are counted
+  uint32_t* schedule_filled;   // [1] local experts whose rows are written
   uint32_t* abort;           // [1] nonzero once any wait of the world gave up
   StallReport* stall;        // [1]
 };
@@ -71,7 +79,7 @@ struct ForwardCounters {
 // Words of uint32_t the counters take; the caller zeroes them before a pass.
 MOK_HD size_t counter_words(const ForwardGeometry& g) {
   return 2 * static_cast<size_t>(g.ring_tiles()) + 2 * static_cast<size_t>(g.ring_slots) +
-         static_cast<size_t>(g.shared_m_tiles) + 4 + sizeof(StallReport) / sizeof(uint32_t);
+         static_cast<size_t>(g.shared_m_tiles) + 6 + sizeof(StallReport) / sizeof(uint32_t);
 }
 
 // Carves the counters out of `words` (counter_words(g) zeroed words). The
@@ -94,6 +102,8 @@ MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
   c.shared_done = words++;
   c.down_done = words++;
   c.ticket = words++;
+  c.schedule_counted = words++;
+  c.schedule_filled = words++;
   c.abort = world_abort != nullptr ? world_abort : words;
   ++words;
   c.stall = world_stall != nullptr ? world_stall : reinterpret_cast<StallReport*>(words);
@@ -102,6 +112,7 @@ MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
 
 // Spins until *counter >= target. Returns false when the pass is aborting:
 // another wait timed out, or this one did (then it records the stall first).
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const uint32_t* counter,
                           uint32_t target, CounterId id, int32_t waiter, int32_t owner,
@@ -130,12 +141,14 @@ MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const 
 // ---- dispatch ---------------------------------------------------------------
 // Before filling m-tile rows of minibatch mb: its ring slot's previous
 // generation must have been read by every gate/up task.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_ring_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
   const int32_t slot = g.slot_of(mb);
   return wait_at_least(s, c, c.ring_consumed + slot, ring_free_target(g, mb), CounterId::kRingConsumed, rank, rank, slot);
 }
 // After the m-tile's rows are in the ring (the copies complete and visible).
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
   const int32_t mb = m_tile / g.tiles_per_minibatch();
@@ -143,6 +156,7 @@ MOK_HD void signal_tile_filled(Sync& s, const ForwardCounters& c, const ForwardG
 }
 
 // ---- routed gate/up (+SwiGLU) -----------------------------------------------
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
   const int32_t mb = m_tile / g.tiles_per_minibatch();
@@ -151,23 +165,27 @@ MOK_HD bool wait_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeo
 }
 // Before writing h of minibatch mb: its h slot's previous generation was read
 // by every down task.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_h_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
   const int32_t slot = g.slot_of(mb);
   return wait_at_least(s, c, c.h_consumed + slot, h_free_target(g, mb), CounterId::kHConsumed, rank, rank, slot);
 }
 // After the task's last read of the x ring.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_ring_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
   s.add_release(c.ring_consumed + g.slot_of(mb), 1u);
 }
 // After the task's h columns are stored and visible.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
   s.add_release(c.h_ready + ring_tile_index(g, m_tile), 1u);
 }
 
 // ---- routed down ------------------------------------------------------------
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
   const int32_t mb = m_tile / g.tiles_per_minibatch();
@@ -175,37 +193,44 @@ MOK_HD bool wait_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometr
   return wait_at_least(s, c, c.h_ready + index, h_ready_target(g, mb), CounterId::kHReady, rank, rank, index);
 }
 // After the task's last read of the h ring.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_h_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
   s.add_release(c.h_consumed + g.slot_of(mb), 1u);
 }
 // After the task's y rows are stored into their home ranks' combine buffers.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_down_done(Sync& s, const ForwardCounters& c) {
   s.add_release(c.down_done, 1u);
 }
 
 // ---- shared expert ----------------------------------------------------------
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_shared_h_ready(Sync& s, const ForwardCounters& c, int32_t m_tile) {
   s.add_release(c.shared_h_ready + m_tile, 1u);
 }
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_shared_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
   return wait_at_least(s, c, c.shared_h_ready + m_tile, shared_h_ready_target(g), CounterId::kSharedHReady, rank, rank, m_tile);
 }
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_shared_done(Sync& s, const ForwardCounters& c) {
   s.add_release(c.shared_done, 1u);
 }
 
 // ---- combine (on the home rank) ---------------------------------------------
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_shared_done(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t rank) {
   return wait_at_least(s, c, c.shared_done, shared_done_target(g), CounterId::kSharedDone, rank, rank, 0);
 }
 // Polls the owner's own counter (a read of peer memory; no remote atomics):
 // once it reaches the owner's total, every y row the owner made is in place.
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const ForwardCounters& owner_counters,
                            const ForwardGeometry& owner_geometry, int32_t waiter_rank, int32_t owner_rank) {
@@ -213,7 +238,50 @@ MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const Forward
                        CounterId::kDownDone, waiter_rank, owner_rank, 0);
 }
 
+// ---- the schedule (built inside the pass, per rank) -------------------------
+// One worker per local expert counts its rows, then (after every expert is
+// counted, so padded offsets are known) writes them.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD void signal_schedule_counted(Sync& s, const ForwardCounters& c) {
+  s.add_release(c.schedule_counted, 1u);
+}
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD bool wait_schedule_counted(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
+  return wait_at_least(s, c, c.schedule_counted, static_cast<uint32_t>(num_local), CounterId::kScheduleCounted, rank, rank, 0);
+}
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD void signal_schedule_filled(Sync& s, const ForwardCounters& c) {
+  s.add_release(c.schedule_filled, 1u);
+}
+// Every reader of the schedule (dispatch, routed GEMM tasks) waits for this.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD bool wait_schedule_filled(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
+  return wait_at_least(s, c, c.schedule_filled, static_cast<uint32_t>(num_local), CounterId::kScheduleFilled, rank, rank, 0);
+}
+
+// A routing entry that names no expert, or one the token already named:
+// recorded like a stall (first report wins) and the pass aborts, so that no
+// (token, slot) is ever silently dropped.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD void report_bad_routing(Sync& s, const ForwardCounters& c, int32_t rank, int32_t entry, int32_t expert) {
+  StallReport* report = c.stall;
+  if (s.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(CounterId::kBadRouting))) {
+    report->waiter = rank;
+    report->owner = rank;
+    report->index = entry;
+    report->target = 0;
+    report->observed = static_cast<uint32_t>(expert);
+  }
+  s.store_release(c.abort, 1u);
+}
+
 // ---- GEMM task tickets ------------------------------------------------------
+MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD int64_t take_ticket(Sync& s, const ForwardCounters& c) {
   return static_cast<int64_t>(s.fetch_add_relaxed(c.ticket, 1u));

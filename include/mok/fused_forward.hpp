@@ -1,0 +1,71 @@
+// The fused forward pass of one MoE layer over a world of R ranks, as one
+// persistent kernel: in-kernel schedule, pull dispatch into a ring, gate/up +
+// SwiGLU, down, combine into home-rank rows, shared expert, fp32 weighted sum.
+// Host API only.
+//
+// Today's world is the *virtual* one: R ranks as R partitions of the SMs of one
+// GPU, each with its own buffers, reading its peers only through the world's
+// pointer table, exactly as it would read peers over NVLink. Real multi-GPU
+// worlds plug into the same kernel through that table (docs/architecture.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "mok/layer_config.hpp"
+
+struct CUstream_st;
+
+namespace mok {
+
+struct FusedForwardOptions {
+  int minibatch_rows = 1024;  // rows per ring slot; a multiple of 128
+  int ring_slots = 4;         // ring (macrobatch) = ring_slots * minibatch_rows rows per rank
+  int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
+  int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 12 (at least 1)
+  double timeout_seconds = 10.0;  // a wait longer than this aborts the pass with an error
+
+  std::string describe() const;
+};
+
+// One rank's tensors, all in device memory, bf16 as raw 16-bit storage.
+struct RankTensors {
+  const void* x = nullptr;              // bf16 [T, H], contiguous, 16-byte aligned
+  const int32_t* expert_ids = nullptr;  // [T, k] global ids
+  const float* weights = nullptr;       // [T, k]
+  void* out = nullptr;                  // bf16 [T, H]
+  const void* w13 = nullptr;            // bf16 [E/R, 2I, H]: this rank's experts, gate rows then up rows
+  const void* w2 = nullptr;             // bf16 [E/R, H, I]
+  const void* shared_w13 = nullptr;     // bf16 [2S, H]; null when S = 0
+  const void* shared_w2 = nullptr;      // bf16 [H, S]
+};
+
+class FusedForward {
+ public:
+  // Validates config and options (throws mok::Error naming the field) and
+  // allocates every rank's workspace on the current device.
+  FusedForward(const LayerConfig& config, const FusedForwardOptions& options = {});
+  ~FusedForward();
+  FusedForward(const FusedForward&) = delete;
+  FusedForward& operator=(const FusedForward&) = delete;
+
+  // Enqueues one forward pass on `stream`; no host synchronisation. Throws
+  // mok::Error before launch on bad pointers.
+  void run(std::span<const RankTensors> ranks, CUstream_st* stream = nullptr);
+
+  // Waits for `stream`, then throws mok::Error if the last pass aborted: a
+  // stalled wait (names the counter, ranks, target and observed value) or a
+  // bad routing entry (names rank, token, slot and the id).
+  void check(CUstream_st* stream = nullptr);
+
+  const LayerConfig& config() const;
+  const FusedForwardOptions& options() const;  // with the defaults resolved
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mok

@@ -1,0 +1,80 @@
+// The fused forward: one persistent kernel for a whole world of ranks. Block
+// b serves rank b / ctas_per_rank; of a rank's CTAs the first
+// comm_ctas_per_rank build the schedule and pull the rows (dispatch), the
+// others run GEMM tasks; then every warp of the rank joins the combine.
+// Setup and role dispatch only: the dataflow is in the roles and in
+// docs/protocol.md.
+#pragma once
+
+#include <cstdint>
+
+#include "device/kernel/fused_forward_params.hpp"
+#include "device/pipeline/stage_ring.cuh"
+#include "device/ptx/async_copy.cuh"
+#include "device/ptx/wgmma.cuh"
+#include "device/roles/combine_role.cuh"
+#include "device/roles/dispatch_role.cuh"
+#include "device/roles/gemm_role.cuh"
+#include "device/roles/role_context.cuh"
+#include "device/roles/schedule_role.cuh"
+
+namespace mok::device {
+
+inline constexpr int kFusedThreads = FusedPlainCfg::kThreads;  // 1 producer + 2 consumer warpgroups
+inline constexpr int kFusedWarps = kFusedThreads / 32;
+inline constexpr int kGemmCombineWarps = 8;  // the consumer warps
+
+constexpr int fused_smem_bytes() {
+  return static_cast<int>(sizeof(FusedGemmShared) > sizeof(DispatchShared) ? sizeof(FusedGemmShared)
+                                                                             : sizeof(DispatchShared)) +
+         1024;
+}
+
+template <cuda::thread_scope kScope>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    fused_forward_kernel(const __grid_constant__ FusedForwardParams params) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  const int rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
+  const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
+  if (rank >= params.world_size) return;  // SMs left over by the partition
+
+  RoleContext<kScope> ctx{params, rank, {params.timeout_ns}};
+  const int comm = params.comm_ctas_per_rank;
+  const int warp = threadIdx.x / 32;
+  const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
+
+  if (cta < comm) {
+    auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
+    bool ok = build_schedule(ctx, cta * kFusedWarps + warp, comm * kFusedWarps);
+    if (ok) ok = dispatch(ctx, dispatch_smem, cta);
+    if (ok) combine(ctx, cta * kFusedWarps + warp, combine_warps);
+    return;
+  }
+
+  auto& gemm_smem = *reinterpret_cast<FusedGemmShared*>(smem);
+  if (threadIdx.x == 0) {
+    StageRing<FusedPlainCfg::kStages>::init(gemm_smem.storage.full, gemm_smem.storage.empty,
+                                            FusedPlainCfg::kConsumerWarps);
+    for (int s = 0; s < kTaskSlots; ++s) {
+      mbarrier_init(&gemm_smem.task_full[s], 1);
+      mbarrier_init(&gemm_smem.task_empty[s], FusedPlainCfg::kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
+    if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
+  } else {
+    wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
+    const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);
+    const int gemm_cta = cta - comm;
+    if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps);
+  }
+}
+
+}  // namespace mok::device

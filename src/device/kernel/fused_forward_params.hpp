@@ -1,0 +1,66 @@
+// The fused forward kernel's parameters: what every rank of a world exposes
+// to every other (its buffers, its counters, its tensor maps). The virtual
+// world fills R of them for R partitions of one GPU; a real world fills them
+// with peer pointers. Plain data, shared by host and device code.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "mok/layer_config.hpp"
+#include "mok/row_source.hpp"
+#include "protocol/counters.hpp"
+
+namespace mok::device {
+
+// The TMA tensor maps of one rank, in global memory (64-byte aligned).
+enum MapIndex : int {
+  kMapRingX = 0,     // 2-D {H, ring rows}: A of routed gate/up
+  kMapW13 = 1,       // 4-D {H, I, 2, El}: B of routed gate/up
+  kMapRingH = 2,     // 2-D {I, ring rows}: A of routed down
+  kMapW2 = 3,        // 3-D {I, H, El}: B of routed down
+  kMapX = 4,         // 2-D {H, T}: A of shared gate/up
+  kMapSharedW13 = 5, // 4-D {H, S, 2, 1}
+  kMapSharedH = 6,   // 2-D {S, T}: A of shared down
+  kMapSharedW2 = 7,  // 3-D {S, H, 1}
+  kNumMaps = 8,
+};
+
+struct RankView {
+  // Inputs and output (the caller's tensors).
+  const uint16_t* x;     // bf16 [T, H]
+  const int32_t* ids;    // [T, k] global expert ids
+  const float* weights;  // [T, k]
+  uint16_t* out;         // bf16 [T, H]
+  int32_t tokens;        // T
+  // Workspace.
+  uint16_t* ring_x;      // bf16 [ring rows, H]: the macrobatch of pulled rows
+  uint16_t* ring_h;      // bf16 [ring rows, I]: SwiGLU activations of those rows
+  uint16_t* combine;     // bf16 [T * k, H]: y per (token, slot), written by the expert owners
+  uint16_t* shared_h;    // bf16 [T, S]
+  uint16_t* shared_out;  // bf16 [T, H]
+  int32_t* expert_rows;    // [El] schedule: real rows per local expert
+  int32_t* expert_offset;  // [El + 1] padded offsets
+  RowSource* rows;         // [row capacity] the schedule
+  protocol::ForwardCounters counters;
+  const CUtensorMap* maps;  // [kNumMaps]
+};
+
+struct FusedForwardParams {
+  RankView ranks[kMaxWorldSize];
+  int32_t world_size;
+  int32_t hidden;        // H
+  int32_t intermediate;  // I
+  int32_t shared_width;  // S (0: no shared expert)
+  int32_t top_k;
+  int32_t num_local_experts;  // El
+  int32_t tile_m;
+  int32_t minibatch_rows;
+  int32_t ring_slots;
+  int32_t ctas_per_rank;
+  int32_t comm_ctas_per_rank;
+  uint64_t timeout_ns;
+};
+
+}  // namespace mok::device

@@ -1,0 +1,45 @@
+// Non-tensor bulk copies (cp.async.bulk) for moving whole token rows:
+// global -> shared completing on an mbarrier, and shared -> global tracked by
+// bulk groups. One-line wrappers over cuda::ptx, named by what they do.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace mok::device {
+
+// `bytes` (a multiple of 16, 16-byte aligned ends) from global into shared
+// memory; completes `bytes` transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                          uint64_t* bar) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, gmem_src,
+                           bytes, bar);
+}
+
+// `bytes` from shared into global memory, as part of the current bulk group.
+__device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src, uint32_t bytes) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
+}
+
+__device__ __forceinline__ void bulk_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
+
+// Until at most N committed groups still read their shared source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<N>{});
+}
+
+// Until every committed group has completed its writes.
+__device__ __forceinline__ void bulk_wait_all() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+}
+
+// Orders this thread's generic-proxy accesses with async-proxy (TMA, bulk)
+// accesses to global memory: after acquiring a flag and before a TMA load of
+// the data it guards; after bulk writes complete and before releasing a flag.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+}
+
+}  // namespace mok::device

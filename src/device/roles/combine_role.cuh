@@ -1,0 +1,90 @@
+// The combine on each token's home rank, run by every warp of the rank once
+// its own role is done:
+//   out[t] = bf16( s[t] + sum_{j<k} w[t][j] * y[t][j] ),
+// in fp32, slots in ascending order, each step one fused multiply-add
+// (__fmaf_rn: the reference's fmaf), exactly as include/mok/reference.hpp.
+// It first waits for the rank's shared expert and for every owner's down
+// tasks (polling the owners' own counters), then warp w of the rank's W warps
+// takes tokens w, w + W, ... with 16-byte loads and stores.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "device/roles/role_context.cuh"
+
+namespace mok::device {
+
+__device__ __forceinline__ void unpack_bf16x8(const uint4& packed, float (&v)[8]) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
+  uint4 packed;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  return packed;
+}
+
+// `warp` and `warps` number the participating warps of this rank.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int warps) {
+  const int lane = threadIdx.x % 32;
+  const RankView& v = ctx.view();
+  bool ok = true;
+  if (lane == 0) {
+    ok = protocol::wait_shared_done(ctx.sync, ctx.counters(), ctx.geometry(0), ctx.rank);
+    for (int owner = 0; ok && owner < ctx.params.world_size; ++owner) {
+      const RankView& o = ctx.params.ranks[owner];
+      // The owner's padded rows are final once its schedule is; wait for that first.
+      ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.params.num_local_experts, owner);
+      if (!ok) break;
+      const int32_t padded = __ldcg(&o.expert_offset[ctx.params.num_local_experts]);
+      RoleContext<kScope> owner_ctx{ctx.params, owner, ctx.sync};
+      ok = protocol::wait_down_done(ctx.sync, ctx.counters(), o.counters, owner_ctx.geometry(padded),
+                                    ctx.rank, owner);
+    }
+  }
+  ok = __shfl_sync(0xffffffffu, ok, 0);  // also orders the lanes' reads after lane 0's acquires
+  if (!ok) return false;
+
+  const int k = ctx.params.top_k;
+  const int H = ctx.params.hidden;
+  const bool has_shared = ctx.params.shared_width > 0;
+  for (int t = warp; t < v.tokens; t += warps) {
+    float w[kMaxTopK];
+#pragma unroll
+    for (int j = 0; j < kMaxTopK; ++j) w[j] = j < k ? __ldg(&v.weights[static_cast<int64_t>(t) * k + j]) : 0.f;
+    const uint16_t* y0 = v.combine + static_cast<int64_t>(t) * k * H;
+    for (int c = lane * 8; c < H; c += 32 * 8) {
+      float acc[8];
+      if (has_shared) {
+        unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(v.shared_out + static_cast<int64_t>(t) * H + c)), acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxTopK; ++j) {
+        if (j < k) {
+          float y[8];
+          unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(y0 + static_cast<int64_t>(j) * H + c)), y);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[j], y[i], acc[i]);
+        }
+      }
+      *reinterpret_cast<uint4*>(v.out + static_cast<int64_t>(t) * H + c) = pack_bf16x8(acc);
+    }
+  }
+  return true;
+}
+
+}  // namespace mok::device

@@ -1,0 +1,264 @@
+// The GEMM CTAs of the fused forward: a producer warpgroup (one thread takes
+// tickets, waits for each task's inputs, posts the task to the consumers and
+// streams its operands by TMA) and two consumer warpgroups (wgmma over the
+// whole K, then the task's epilogue and its completion signals). The tasks
+// and their order are src/protocol/forward_plan.hpp's; every wait and signal
+// is a named operation of src/protocol/counters.hpp.
+//
+//   task            A (TMA)        B (TMA)        epilogue -> signals
+//   shared gate/up  x              shared w13     silu(g)*u -> shared_h        -> shared_h_ready
+//   shared down     shared_h       shared w2      bf16      -> shared_out      -> shared_done
+//   gate/up         x ring         w13[expert]    silu(g)*u -> h ring          -> ring_consumed, h_ready
+//   down            h ring         w2[expert]     bf16      -> home combine row-> h_consumed, down_done
+#pragma once
+
+#include <cstdint>
+
+#include "device/gemm/row_epilogue.cuh"
+#include "device/gemm/tile_config.cuh"
+#include "device/gemm/tile_mainloop.cuh"
+#include "device/pipeline/stage_ring.cuh"
+#include "device/ptx/async_copy.cuh"
+#include "device/ptx/bulk_copy.cuh"
+#include "device/ptx/wgmma.cuh"
+#include "device/roles/role_context.cuh"
+
+namespace mok::device {
+
+// Both task shapes share one shared-memory layout: 128 x 256 x 64 tiles.
+using FusedPlainCfg = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain>;
+using FusedSwigluCfg = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
+static_assert(sizeof(GemmSharedStorage<FusedPlainCfg>) == sizeof(GemmSharedStorage<FusedSwigluCfg>));
+static_assert(FusedSwigluCfg::kOutCols == kGateUpOutCols && FusedPlainCfg::kOutCols == kDownOutCols);
+
+inline constexpr int kTaskSlots = 2;
+
+struct GemmTask {
+  protocol::TaskKind kind;
+  int32_t minibatch;
+  int32_t m_tile;
+  int32_t n_tile;
+  int32_t expert;  // local expert of a routed task
+  int32_t row0;    // first A row: ring row (routed) or token (shared)
+};
+
+struct FusedGemmShared {
+  GemmSharedStorage<FusedPlainCfg> storage;
+  GemmTask tasks[kTaskSlots];
+  uint64_t task_full[kTaskSlots];
+  uint64_t task_empty[kTaskSlots];
+};
+
+__device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
+  return kind == protocol::TaskKind::kGateUp || kind == protocol::TaskKind::kSharedGateUp;
+}
+
+// The local expert whose padded block holds schedule row `row`.
+__device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, int32_t num_local, int32_t row) {
+  int32_t lo = 0, hi = num_local - 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (__ldcg(&expert_offset[mid]) <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Producer thread: returns when the task list is exhausted or the pass aborts.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  const CUtensorMap* maps = v.maps;
+  StageRing<FusedPlainCfg::kStages> ring{smem.storage.full, smem.storage.empty};
+  const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
+  const int64_t shared_tasks = protocol::task_count(shared_geometry);  // with 0 routed rows
+  protocol::ForwardGeometry g = shared_geometry;
+  bool have_schedule = false;
+  int slot = 0;
+  uint32_t phase = 0;
+
+  for (;;) {
+    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0};
+    if (ctx.sync.load_relaxed(v.counters.abort) == 0) {
+      const int64_t ticket = protocol::take_ticket(ctx.sync, v.counters);
+      bool ok = true;
+      if (ticket >= shared_tasks && !have_schedule) {
+        ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.params.num_local_experts, ctx.rank);
+        if (ok) g = ctx.geometry(ctx.padded_rows());
+        have_schedule = true;
+      }
+      if (ok && ticket < protocol::task_count(g)) {
+        const protocol::Task t = protocol::decode_task(g, ticket);
+        task.kind = t.kind;
+        task.minibatch = t.minibatch;
+        task.m_tile = t.m_tile;
+        task.n_tile = t.n_tile;
+        switch (t.kind) {
+          case TaskKind::kSharedGateUp: task.row0 = t.m_tile * g.tile_m; break;
+          case TaskKind::kSharedDown:
+            task.row0 = t.m_tile * g.tile_m;
+            ok = protocol::wait_shared_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+            break;
+          case TaskKind::kGateUp:
+            task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
+            task.expert = expert_of_row(v.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+            ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+            break;
+          case TaskKind::kDown:
+            task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
+            task.expert = expert_of_row(v.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+            ok = protocol::wait_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+            break;
+          case TaskKind::kNone: break;
+        }
+        if (!ok) task.kind = TaskKind::kNone;
+        // What the flags guard was written by generic or bulk stores; our reads are TMA.
+        fence_proxy_async_global();
+      }
+    }
+    // Post the task.
+    mbarrier_wait_parity(&smem.task_empty[slot], phase ^ 1u);
+    smem.tasks[slot] = task;
+    mbarrier_arrive(&smem.task_full[slot]);
+    if (++slot == kTaskSlots) {
+      slot = 0;
+      phase ^= 1u;
+    }
+    if (task.kind == TaskKind::kNone) return;
+
+    // Stream its operands.
+    const bool gate_up = is_gate_up(task.kind);
+    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
+    GemmTile tile;
+    tile.group = routed ? task.expert : 0;
+    tile.row0 = task.row0;
+    tile.row_end = task.row0 + g.tile_m;
+    tile.n0 = task.n_tile * (gate_up ? kGateUpOutCols : kDownOutCols);
+    int a_map, b_map, k;
+    switch (task.kind) {
+      case TaskKind::kSharedGateUp: a_map = kMapX; b_map = kMapSharedW13; k = ctx.params.hidden; break;
+      case TaskKind::kSharedDown: a_map = kMapSharedH; b_map = kMapSharedW2; k = ctx.params.shared_width; break;
+      case TaskKind::kGateUp: a_map = kMapRingX; b_map = kMapW13; k = ctx.params.hidden; break;
+      default: a_map = kMapRingH; b_map = kMapW2; k = ctx.params.intermediate; break;
+    }
+    const GemmTensorMaps task_maps{&maps[a_map], &maps[b_map]};
+    if (gate_up) {
+      load_tile<FusedSwigluCfg>(task_maps, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
+                                reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), tile,
+                                k / FusedPlainCfg::kBlockK);
+    } else {
+      load_tile<FusedPlainCfg>(task_maps, smem.storage, ring, tile, k / FusedPlainCfg::kBlockK);
+    }
+  }
+}
+
+// Consumer warpgroup `consumer` (0 or 1). Returns false if the pass aborted.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGemmShared& smem, int consumer) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  const int lane = threadIdx.x % 32;
+  StageRing<FusedPlainCfg::kStages> ring{smem.storage.full, smem.storage.empty};
+  const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
+  protocol::ForwardGeometry g = shared_geometry;
+  bool have_schedule = false;
+  bool ok = true;
+  int slot = 0;
+  uint32_t phase = 0;
+  float acc[FusedPlainCfg::kAccRegs];
+
+  for (;;) {
+    mbarrier_wait_parity(&smem.task_full[slot], phase);
+    const GemmTask task = smem.tasks[slot];
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&smem.task_empty[slot]);
+    if (++slot == kTaskSlots) {
+      slot = 0;
+      phase ^= 1u;
+    }
+    if (task.kind == TaskKind::kNone) return ok;
+    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
+    if (routed && !have_schedule) {
+      // The producer acquired the schedule before posting this task.
+      g = ctx.geometry(ctx.padded_rows());
+      have_schedule = true;
+    }
+
+    const int k = task.kind == TaskKind::kSharedGateUp || task.kind == TaskKind::kGateUp ? ctx.params.hidden
+                  : task.kind == TaskKind::kSharedDown ? ctx.params.shared_width
+                                                       : ctx.params.intermediate;
+    if (is_gate_up(task.kind)) {
+      mma_tile<FusedSwigluCfg>(reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
+                               reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), consumer,
+                               k / FusedPlainCfg::kBlockK, acc);
+    } else {
+      mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc);
+    }
+
+    const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
+    const int top_k = ctx.params.top_k;
+    switch (task.kind) {
+      case TaskKind::kSharedGateUp: {
+        const int32_t row0 = task.row0, tokens = v.tokens;
+        store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
+                                        consumer, task.n_tile * kGateUpOutCols, S, [&](int i) -> uint16_t* {
+                                          return row0 + i < tokens ? v.shared_h + static_cast<int64_t>(row0 + i) * S : nullptr;
+                                        });
+        break;
+      }
+      case TaskKind::kSharedDown: {
+        const int32_t row0 = task.row0, tokens = v.tokens;
+        store_tile_rows<FusedPlainCfg>(acc, smem.storage, consumer, task.n_tile * kDownOutCols, H,
+                                       [&](int i) -> uint16_t* {
+                                         return row0 + i < tokens ? v.shared_out + static_cast<int64_t>(row0 + i) * H : nullptr;
+                                       });
+        break;
+      }
+      case TaskKind::kGateUp: {
+        // The h slot must have been read by the previous generation's down tasks.
+        bool free = true;
+        if (lane == 0) free = protocol::wait_h_free(ctx.sync, v.counters, g, task.minibatch, ctx.rank);
+        free = __shfl_sync(0xffffffffu, free, 0);
+        ok = ok && free;
+        const int32_t row0 = task.row0;
+        store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
+                                        consumer, task.n_tile * kGateUpOutCols, I, [&](int i) -> uint16_t* {
+                                          return free ? v.ring_h + static_cast<int64_t>(row0 + i) * I : nullptr;
+                                        });
+        break;
+      }
+      case TaskKind::kDown: {
+        const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * g.tile_m;
+        store_tile_rows<FusedPlainCfg>(acc, smem.storage, consumer, task.n_tile * kDownOutCols, H,
+                                       [&](int i) -> uint16_t* {
+                                         const RowSource src = load_row_source(&rows[i]);
+                                         if (is_padding(src)) return nullptr;
+                                         return ctx.params.ranks[src.rank].combine +
+                                                (static_cast<int64_t>(src.token) * top_k + src.slot) * H;
+                                       });
+        break;
+      }
+      case TaskKind::kNone: break;
+    }
+    // h and shared_h are read next by TMA (async proxy) on other SMs.
+    fence_proxy_async_global();
+    named_barrier_sync(kBarrierConsumers, 256);
+    if (consumer == 0 && threadIdx.x % 128 == 0 && ok) {
+      switch (task.kind) {
+        case TaskKind::kSharedGateUp: protocol::signal_shared_h_ready(ctx.sync, v.counters, task.m_tile); break;
+        case TaskKind::kSharedDown: protocol::signal_shared_done(ctx.sync, v.counters); break;
+        case TaskKind::kGateUp:
+          protocol::signal_ring_consumed(ctx.sync, v.counters, g, task.minibatch);
+          protocol::signal_h_ready(ctx.sync, v.counters, g, task.m_tile);
+          break;
+        case TaskKind::kDown:
+          protocol::signal_h_consumed(ctx.sync, v.counters, g, task.minibatch);
+          protocol::signal_down_done(ctx.sync, v.counters);
+          break;
+        case TaskKind::kNone: break;
+      }
+    }
+  }
+}
+
+}  // namespace mok::device

@@ -1,0 +1,308 @@
+// Host side of the fused forward in the virtual world: validation, every
+// rank's workspace (one allocation per rank), the world's pointer table and
+// tensor maps, the launch, and the translation of a stall report into an
+// error. The world seam is the FusedForwardParams table: a real multi-GPU
+// world fills the same table with peer pointers.
+#include "mok/fused_forward.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "device/host/driver_api.hpp"
+#include "device/kernel/fused_forward_kernel.cuh"
+#include "mok/error.hpp"
+#include "protocol/counters.hpp"
+
+namespace mok {
+namespace {
+
+using device::FusedForwardParams;
+using device::RankView;
+
+constexpr int kTileM = 128;
+
+size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
+
+// Carves typed regions out of one allocation, 1 KB aligned each.
+struct Carver {
+  size_t offset = 0;
+  template <class T>
+  size_t take(size_t count) {
+    const size_t at = align_up(offset, 1024);
+    offset = at + count * sizeof(T);
+    return at;
+  }
+};
+
+struct RankLayout {
+  size_t ring_x, ring_h, combine, shared_h, shared_out, expert_rows, expert_offset, rows, counters, maps;
+  size_t bytes;
+  protocol::ForwardGeometry geometry;  // padded_rows unknown (0): sizes only
+  int64_t row_capacity;
+};
+
+CUtensorMap encode(const char* what, const void* base, int rank, std::array<cuuint64_t, 4> dims,
+                   std::array<cuuint64_t, 3> strides, std::array<cuuint32_t, 4> box) {
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return device::encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                                         base, dims.data(), strides.data(), box.data(), element_strides,
+                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+void require_device_pointer(const void* p, const std::string& field, bool required) {
+  if (p == nullptr) {
+    if (required) throw Error(field + " is null");
+    return;
+  }
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    std::ostringstream msg;
+    msg << field << " = " << p << ": must be 16-byte aligned";
+    throw Error(msg.str());
+  }
+}
+
+}  // namespace
+
+std::string FusedForwardOptions::describe() const {
+  std::ostringstream s;
+  s << "minibatch_rows=" << minibatch_rows << " ring_slots=" << ring_slots << " ctas_per_rank=" << ctas_per_rank
+    << " comm_ctas_per_rank=" << comm_ctas_per_rank << " timeout=" << timeout_seconds << "s";
+  return s.str();
+}
+
+struct FusedForward::State {
+  LayerConfig config;
+  FusedForwardOptions options;
+  int device = 0;
+  std::vector<RankLayout> layouts;
+  std::vector<uint8_t*> rank_memory;
+  uint32_t* world_words = nullptr;  // [0] abort, [1..] StallReport
+  FusedForwardParams params{};
+  std::vector<RankTensors> last_tensors;  // tensor maps were built for these
+
+  ~State() {
+    for (uint8_t* p : rank_memory) cudaFree(p);
+    if (world_words != nullptr) cudaFree(world_words);
+  }
+};
+
+FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions& options)
+    : state_(std::make_unique<State>()) {
+  validate(config);
+  State& s = *state_;
+  s.config = config;
+  s.options = options;
+  FusedForwardOptions& o = s.options;
+
+  require(config.dtype == DType::kBF16, "dtype", static_cast<int>(config.dtype),
+          "the fused forward supports bf16 only (fp8 is not implemented yet)");
+  require(config.top_k <= device::kMaxTopK, "top_k", config.top_k, "the fused forward supports top_k <= 16");
+  require(config.hidden * 2 <= static_cast<int>(device::kCopySlotBytes), "hidden", config.hidden,
+          "the fused forward supports hidden <= 8192");
+  require(o.minibatch_rows >= kTileM && o.minibatch_rows % kTileM == 0, "minibatch_rows", o.minibatch_rows,
+          "must be a positive multiple of 128 (the GEMM tile height)");
+  require(o.ring_slots >= 1, "ring_slots", o.ring_slots, "must be >= 1");
+  require(o.timeout_seconds > 0, "timeout_seconds", o.timeout_seconds, "must be > 0");
+
+  MOK_CUDA_CHECK(cudaGetDevice(&s.device));
+  int sms = 0;
+  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.device));
+  const int R = config.world_size;
+  if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / R;
+  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 12);
+  require(o.ctas_per_rank * R <= sms, "ctas_per_rank", o.ctas_per_rank,
+          ("times world_size must not exceed the " + std::to_string(sms) +
+           " SMs: every CTA must be resident at once").c_str());
+  require(o.comm_ctas_per_rank >= 1 && o.comm_ctas_per_rank < o.ctas_per_rank, "comm_ctas_per_rank",
+          o.comm_ctas_per_rank, "must be >= 1 and leave at least one GEMM CTA per rank");
+
+  const int H = config.hidden, I = config.intermediate, S = config.shared_width(), k = config.top_k;
+  const int El = config.experts_per_rank();
+  const int64_t ring_rows = static_cast<int64_t>(o.ring_slots) * o.minibatch_rows;
+  // Worst case of one rank's schedule: every token of the world on its experts.
+  const int64_t row_capacity = config.total_tokens() * std::min(k, El) + static_cast<int64_t>(El) * (kTileM - 1);
+
+  s.layouts.resize(R);
+  s.rank_memory.assign(R, nullptr);
+  MOK_CUDA_CHECK(cudaMalloc(&s.world_words, 64));
+  for (int r = 0; r < R; ++r) {
+    RankLayout& L = s.layouts[r];
+    const int64_t T = config.tokens_per_rank[r];
+    protocol::ForwardGeometry& g = L.geometry;
+    g = {};
+    g.tile_m = kTileM;
+    g.minibatch_rows = o.minibatch_rows;
+    g.ring_slots = o.ring_slots;
+    g.shared_m_tiles = S > 0 ? static_cast<int32_t>((T + kTileM - 1) / kTileM) : 0;
+    L.row_capacity = row_capacity;
+    Carver c;
+    L.ring_x = c.take<uint16_t>(static_cast<size_t>(ring_rows) * H);
+    L.ring_h = c.take<uint16_t>(static_cast<size_t>(ring_rows) * I);
+    L.combine = c.take<uint16_t>(static_cast<size_t>(T) * k * H);
+    L.shared_h = c.take<uint16_t>(static_cast<size_t>(align_up(static_cast<size_t>(T), kTileM)) * S);
+    L.shared_out = c.take<uint16_t>(static_cast<size_t>(T) * H);
+    L.expert_rows = c.take<int32_t>(El);
+    L.expert_offset = c.take<int32_t>(El + 1);
+    L.rows = c.take<RowSource>(static_cast<size_t>(row_capacity));
+    L.counters = c.take<uint32_t>(protocol::counter_words(g));
+    L.maps = c.take<CUtensorMap>(device::kNumMaps);
+    L.bytes = align_up(c.offset, 1024);
+    MOK_CUDA_CHECK(cudaMalloc(&s.rank_memory[r], L.bytes));
+  }
+
+  FusedForwardParams& p = s.params;
+  p.world_size = R;
+  p.hidden = H;
+  p.intermediate = I;
+  p.shared_width = S;
+  p.top_k = k;
+  p.num_local_experts = El;
+  p.tile_m = kTileM;
+  p.minibatch_rows = o.minibatch_rows;
+  p.ring_slots = o.ring_slots;
+  p.ctas_per_rank = o.ctas_per_rank;
+  p.comm_ctas_per_rank = o.comm_ctas_per_rank;
+  p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
+  auto* abort = s.world_words;
+  auto* stall = reinterpret_cast<protocol::StallReport*>(s.world_words + 1);
+  for (int r = 0; r < R; ++r) {
+    const RankLayout& L = s.layouts[r];
+    uint8_t* base = s.rank_memory[r];
+    RankView& v = p.ranks[r];
+    v.tokens = config.tokens_per_rank[r];
+    v.ring_x = reinterpret_cast<uint16_t*>(base + L.ring_x);
+    v.ring_h = reinterpret_cast<uint16_t*>(base + L.ring_h);
+    v.combine = reinterpret_cast<uint16_t*>(base + L.combine);
+    v.shared_h = reinterpret_cast<uint16_t*>(base + L.shared_h);
+    v.shared_out = reinterpret_cast<uint16_t*>(base + L.shared_out);
+    v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows);
+    v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset);
+    v.rows = reinterpret_cast<RowSource*>(base + L.rows);
+    v.counters = protocol::carve_counters(L.geometry, reinterpret_cast<uint32_t*>(base + L.counters), abort, stall);
+    v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps);
+  }
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_device>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+}
+
+FusedForward::~FusedForward() = default;
+
+const LayerConfig& FusedForward::config() const { return state_->config; }
+const FusedForwardOptions& FusedForward::options() const { return state_->options; }
+
+void FusedForward::run(std::span<const RankTensors> ranks, CUstream_st* stream) {
+  State& s = *state_;
+  const LayerConfig& c = s.config;
+  const int R = c.world_size;
+  if (static_cast<int>(ranks.size()) != R) {
+    throw Error("run: got tensors for " + std::to_string(ranks.size()) + " ranks; world_size is " + std::to_string(R));
+  }
+  const int H = c.hidden, I = c.intermediate, S = c.shared_width(), El = c.experts_per_rank();
+  bool maps_changed = s.last_tensors.size() != ranks.size();
+  for (int r = 0; r < R; ++r) {
+    const RankTensors& t = ranks[r];
+    const bool has_tokens = c.tokens_per_rank[r] > 0;
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    require_device_pointer(t.x, rank + "x", has_tokens);
+    require_device_pointer(t.out, rank + "out", has_tokens);
+    require_device_pointer(t.w13, rank + "w13", true);
+    require_device_pointer(t.w2, rank + "w2", true);
+    require_device_pointer(t.shared_w13, rank + "shared_w13", S > 0);
+    require_device_pointer(t.shared_w2, rank + "shared_w2", S > 0);
+    if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
+      throw Error(rank + "expert_ids and weights must not be null");
+    }
+    if (!maps_changed) {
+      const RankTensors& old = s.last_tensors[r];
+      maps_changed = old.x != t.x || old.w13 != t.w13 || old.w2 != t.w2 || old.shared_w13 != t.shared_w13 ||
+                     old.shared_w2 != t.shared_w2;
+    }
+  }
+
+  FusedForwardParams& p = s.params;
+  for (int r = 0; r < R; ++r) {
+    RankView& v = p.ranks[r];
+    v.x = static_cast<const uint16_t*>(ranks[r].x);
+    v.ids = ranks[r].expert_ids;
+    v.weights = ranks[r].weights;
+    v.out = static_cast<uint16_t*>(ranks[r].out);
+  }
+  if (maps_changed) {
+    // Tensor maps live in device memory next to each rank's workspace; they
+    // change only when a tensor moves, so steady-state runs skip this copy.
+    const int64_t ring_rows = static_cast<int64_t>(s.options.ring_slots) * s.options.minibatch_rows;
+    const cuuint64_t h2 = static_cast<cuuint64_t>(H) * 2, i2 = static_cast<cuuint64_t>(I) * 2,
+                     s2 = static_cast<cuuint64_t>(S) * 2;
+    for (int r = 0; r < R; ++r) {
+      const RankView& v = p.ranks[r];
+      const RankTensors& t = ranks[r];
+      const cuuint64_t T = static_cast<cuuint64_t>(c.tokens_per_rank[r]);
+      const cuuint64_t T_pad = align_up(T, kTileM);
+      std::array<CUtensorMap, device::kNumMaps> maps{};
+      maps[device::kMapRingX] = encode("ring x", v.ring_x, 2, {cuuint64_t(H), cuuint64_t(ring_rows), 1, 1}, {h2, 0, 0}, {64, 128, 1, 1});
+      maps[device::kMapW13] = encode("w13", t.w13, 4, {cuuint64_t(H), cuuint64_t(I), 2, cuuint64_t(El)},
+                                     {h2, h2 * I, 2 * h2 * I}, {64, 128, 1, 1});
+      maps[device::kMapRingH] = encode("ring h", v.ring_h, 2, {cuuint64_t(I), cuuint64_t(ring_rows), 1, 1}, {i2, 0, 0}, {64, 128, 1, 1});
+      maps[device::kMapW2] = encode("w2", t.w2, 3, {cuuint64_t(I), cuuint64_t(H), cuuint64_t(El), 1}, {i2, i2 * H, 0}, {64, 256, 1, 1});
+      if (T > 0) {
+        maps[device::kMapX] = encode("x", t.x, 2, {cuuint64_t(H), T, 1, 1}, {h2, 0, 0}, {64, 128, 1, 1});
+      }
+      if (S > 0 && T > 0) {
+        maps[device::kMapSharedW13] = encode("shared w13", t.shared_w13, 4, {cuuint64_t(H), cuuint64_t(S), 2, 1},
+                                             {h2, h2 * S, 2 * h2 * S}, {64, 128, 1, 1});
+        maps[device::kMapSharedH] = encode("shared h", v.shared_h, 2, {cuuint64_t(S), T_pad, 1, 1}, {s2, 0, 0}, {64, 128, 1, 1});
+        maps[device::kMapSharedW2] = encode("shared w2", t.shared_w2, 3, {cuuint64_t(S), cuuint64_t(H), 1, 1},
+                                            {s2, s2 * H, 0}, {64, 256, 1, 1});
+      }
+      MOK_CUDA_CHECK(cudaMemcpy(const_cast<CUtensorMap*>(v.maps), maps.data(), sizeof(maps), cudaMemcpyHostToDevice));
+    }
+    s.last_tensors.assign(ranks.begin(), ranks.end());
+  }
+
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  // Counters start at zero every pass (a few KB per rank).
+  MOK_CUDA_CHECK(cudaMemsetAsync(s.world_words, 0, 64, st));
+  for (int r = 0; r < R; ++r) {
+    const RankLayout& L = s.layouts[r];
+    MOK_CUDA_CHECK(cudaMemsetAsync(s.rank_memory[r] + L.counters, 0,
+                                   protocol::counter_words(L.geometry) * sizeof(uint32_t), st));
+  }
+  const dim3 grid(static_cast<unsigned>(R * s.options.ctas_per_rank));
+  device::fused_forward_kernel<cuda::thread_scope_device>
+      <<<grid, device::kFusedThreads, device::fused_smem_bytes(), st>>>(p);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void FusedForward::check(CUstream_st* stream) {
+  State& s = *state_;
+  MOK_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+  uint32_t words[1 + sizeof(protocol::StallReport) / 4];
+  MOK_CUDA_CHECK(cudaMemcpy(words, s.world_words, sizeof(words), cudaMemcpyDeviceToHost));
+  if (words[0] == 0) return;
+  protocol::StallReport report;
+  std::memcpy(&report, words + 1, sizeof(report));
+  const auto id = static_cast<protocol::CounterId>(report.counter);
+  std::ostringstream msg;
+  if (id == protocol::CounterId::kBadRouting) {
+    const int k = s.config.top_k;
+    msg << "fused forward: rank " << report.waiter << ", token " << report.index / k << ", slot "
+        << report.index % k << ": expert id " << static_cast<int32_t>(report.observed)
+        << " is out of range [0, " << s.config.num_experts << ") or repeats an earlier slot of the token";
+  } else {
+    msg << "fused forward stalled: rank " << report.waiter << " waited on " << protocol::counter_name(id)
+        << "[" << report.index << "] of rank " << report.owner << " for >= " << report.target << " but saw "
+        << report.observed << " after " << s.options.timeout_seconds << " s (" << s.options.describe() << ")";
+  }
+  throw Error(msg.str());
+}
+
+}  // namespace mok

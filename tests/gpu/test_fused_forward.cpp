@@ -1,0 +1,286 @@
+// The fused forward megakernel (virtual world) against the CPU reference, and
+// its determinism: bitwise identical across runs, world sizes, minibatch and
+// ring sizes, and SM splits.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "gpu_test_env.hpp"
+#include "mok/bf16.hpp"
+#include "mok/error.hpp"
+#include "mok/fused_forward.hpp"
+#include "mok/presets.hpp"
+#include "mok/reference.hpp"
+#include "mok/schedule.hpp"
+#include "mok/synthetic.hpp"
+
+namespace {
+
+using mok::synthetic::RoutingMode;
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (n > 0) MOK_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(count, o.count);
+    return *this;
+  }
+  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
+};
+
+std::vector<uint16_t> to_bf16(const float* values, size_t n) {
+  std::vector<uint16_t> bits(n);
+  for (size_t i = 0; i < n; ++i) bits[i] = mok::float_to_bf16_bits(values[i]);
+  return bits;
+}
+
+template <class T>
+DeviceBuffer<T> upload(const T* data, size_t n) {
+  DeviceBuffer<T> buffer(n);
+  if (n > 0) MOK_CUDA_CHECK(cudaMemcpy(buffer.ptr, data, n * sizeof(T), cudaMemcpyHostToDevice));
+  return buffer;
+}
+
+// One layer's tensors on the device, split over the world's ranks.
+struct DeviceLayer {
+  std::vector<DeviceBuffer<uint16_t>> x, out, w13, w2;
+  std::vector<DeviceBuffer<int32_t>> ids;
+  std::vector<DeviceBuffer<float>> weights;
+  DeviceBuffer<uint16_t> shared_w13, shared_w2;
+  std::vector<mok::RankTensors> tensors;
+
+  explicit DeviceLayer(const mok::synthetic::Layer& layer) {
+    const mok::LayerConfig& c = layer.config;
+    const size_t H = c.hidden, I = c.intermediate, S = c.shared_width(), k = c.top_k;
+    const size_t El = c.experts_per_rank();
+    if (S > 0) {
+      shared_w13 = upload(to_bf16(layer.shared_w13.data(), 2 * S * H).data(), 2 * S * H);
+      shared_w2 = upload(to_bf16(layer.shared_w2.data(), H * S).data(), H * S);
+    }
+    for (int r = 0; r < c.world_size; ++r) {
+      const size_t T = c.tokens_per_rank[r];
+      x.push_back(upload(to_bf16(layer.x[r].data(), T * H).data(), T * H));
+      ids.push_back(upload(layer.expert_ids[r].data(), T * k));
+      weights.push_back(upload(layer.weights[r].data(), T * k));
+      w13.push_back(upload(to_bf16(layer.w13.data() + r * El * 2 * I * H, El * 2 * I * H).data(), El * 2 * I * H));
+      w2.push_back(upload(to_bf16(layer.w2.data() + r * El * H * I, El * H * I).data(), El * H * I));
+      out.emplace_back(T * H);
+    }
+    for (int r = 0; r < c.world_size; ++r) {
+      mok::RankTensors t;
+      t.x = x[r].ptr;
+      t.expert_ids = ids[r].ptr;
+      t.weights = weights[r].ptr;
+      t.out = out[r].ptr;
+      t.w13 = w13[r].ptr;
+      t.w2 = w2[r].ptr;
+      t.shared_w13 = shared_w13.ptr;
+      t.shared_w2 = shared_w2.ptr;
+      tensors.push_back(t);
+    }
+  }
+
+  // Fills every output with 0xFFFF (a NaN), so an unwritten element fails.
+  void poison() {
+    for (auto& o : out) {
+      if (o.count) MOK_CUDA_CHECK(cudaMemset(o.ptr, 0xFF, o.count * sizeof(uint16_t)));
+    }
+  }
+
+  // All ranks' outputs, concatenated in global token order.
+  std::vector<uint16_t> download() const {
+    std::vector<uint16_t> all;
+    for (const auto& o : out) {
+      const size_t at = all.size();
+      all.resize(at + o.count);
+      if (o.count) MOK_CUDA_CHECK(cudaMemcpy(all.data() + at, o.ptr, o.count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    }
+    return all;
+  }
+};
+
+std::vector<uint16_t> run_fused(DeviceLayer& device, const mok::LayerConfig& config,
+                                const mok::FusedForwardOptions& options) {
+  mok::FusedForward forward(config, options);
+  device.poison();
+  forward.run(device.tensors);
+  forward.check();
+  return device.download();
+}
+
+std::vector<double> reference_out(const mok::synthetic::Layer& layer) {
+  const auto routing = layer.routing();
+  const auto schedule = mok::build_schedule(layer.config, routing, {128, 1});
+  mok::ReferenceOptions options;
+  options.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto forward = mok::reference_forward(layer.inputs(), schedule, options);
+  std::vector<double> all;
+  for (const auto& rank : forward.out) all.insert(all.end(), rank.begin(), rank.end());
+  return all;
+}
+
+void expect_close_to_reference(const std::vector<uint16_t>& out, const std::vector<double>& ref) {
+  ASSERT_EQ(out.size(), ref.size());
+  double err2 = 0, ref2 = 0, worst = 0;
+  size_t bad = 0, worst_at = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double got = mok::bf16_bits_to_float(out[i]);
+    const double diff = std::fabs(got - ref[i]);
+    if (!(diff <= 0.02 + 0.02 * std::fabs(ref[i]))) ++bad;  // also counts NaN (unwritten)
+    if (!(diff <= worst)) { worst = diff; worst_at = i; }
+    err2 += diff * diff;
+    ref2 += ref[i] * ref[i];
+  }
+  EXPECT_EQ(bad, 0u) << "worst element " << worst_at << ": got " << mok::bf16_bits_to_float(out[worst_at])
+                     << " want " << ref[worst_at];
+  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 1e-2);
+}
+
+mok::FusedForwardOptions small_ring(int minibatch_rows, int ring_slots) {
+  mok::FusedForwardOptions o;
+  o.minibatch_rows = minibatch_rows;
+  o.ring_slots = ring_slots;
+  o.timeout_seconds = 5;
+  return o;
+}
+
+TEST(FusedForward, MatchesTheReferenceOnSeveralPresetsAndWorlds) {
+  MOK_REQUIRE_HOPPER();
+  struct Case { const char* preset; int world; int tokens; };
+  for (const Case& c : {Case{"small", 1, 300}, Case{"small", 2, 200}, Case{"small", 4, 97}, Case{"small", 8, 64},
+                        Case{"no-shared", 2, 150}, Case{"medium", 4, 96}}) {
+    SCOPED_TRACE(testing::Message() << c.preset << " R=" << c.world << " T=" << c.tokens);
+    const auto config = mok::make_config(mok::find_shape(c.preset), c.world, c.tokens);
+    const auto layer = mok::synthetic::make_layer(config, 17);
+    DeviceLayer device(layer);
+    expect_close_to_reference(run_fused(device, config, small_ring(256, 2)), reference_out(layer));
+  }
+}
+
+TEST(FusedForward, RingFarSmallerThanOneExpertsRowsAndExtremeImbalance) {
+  MOK_REQUIRE_HOPPER();
+  // Every token on experts 0..k-1: rank 0 receives everything, through a ring
+  // of one 128-row slot.
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 700);
+  const auto layer = mok::synthetic::make_layer(config, 3, RoutingMode::kSameExperts);
+  DeviceLayer device(layer);
+  expect_close_to_reference(run_fused(device, config, small_ring(128, 1)), reference_out(layer));
+}
+
+TEST(FusedForward, UnequalTokenCountsIncludingZeroAndOne) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{0, 1, 250, 33});
+  const auto layer = mok::synthetic::make_layer(config, 5, RoutingMode::kSkewed);
+  DeviceLayer device(layer);
+  expect_close_to_reference(run_fused(device, config, small_ring(256, 3)), reference_out(layer));
+}
+
+TEST(FusedForward, BitwiseIdenticalOverTwentyRuns) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("medium"), 4, 128);
+  const auto layer = mok::synthetic::make_layer(config, 9, RoutingMode::kSkewed);
+  DeviceLayer device(layer);
+  mok::FusedForward forward(config, small_ring(256, 2));
+  std::vector<uint16_t> first;
+  for (int run = 0; run < 20; ++run) {
+    device.poison();
+    forward.run(device.tensors);
+    forward.check();
+    const auto out = device.download();
+    if (run == 0) first = out;
+    ASSERT_EQ(out, first) << "run " << run;
+  }
+}
+
+TEST(FusedForward, BitwiseIdenticalAcrossWorldSizesRingsMinibatchesAndSmSplits) {
+  MOK_REQUIRE_HOPPER();
+  // One global batch of 256 tokens, split over R ranks: the concatenated
+  // output must not change by a single bit.
+  const int global_tokens = 256;
+  std::vector<uint16_t> baseline;
+  struct Case { int world; int minibatch; int slots; int ctas; int comm; };
+  for (const Case& c : {Case{1, 1024, 4, 0, 0}, Case{1, 128, 1, 20, 3}, Case{2, 256, 2, 0, 0},
+                        Case{4, 128, 3, 16, 1}, Case{8, 384, 1, 0, 0}, Case{8, 128, 2, 8, 2}}) {
+    SCOPED_TRACE(testing::Message() << "R=" << c.world << " minibatch=" << c.minibatch << " slots=" << c.slots
+                                    << " ctas=" << c.ctas << " comm=" << c.comm);
+    const auto config = mok::make_config(mok::find_shape("medium"), c.world, global_tokens / c.world);
+    const auto layer = mok::synthetic::make_layer(config, 21);
+    DeviceLayer device(layer);
+    mok::FusedForwardOptions o = small_ring(c.minibatch, c.slots);
+    o.ctas_per_rank = c.ctas;
+    o.comm_ctas_per_rank = c.comm;
+    const auto out = run_fused(device, config, o);
+    if (baseline.empty()) {
+      baseline = out;
+      expect_close_to_reference(out, reference_out(layer));
+    } else {
+      ASSERT_EQ(out, baseline);
+    }
+  }
+}
+
+TEST(FusedForward, RejectsBadInputBeforeLaunch) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 16);
+  auto bad = small_ring(100, 1);
+  EXPECT_THROW(mok::FusedForward(config, bad), mok::Error);  // minibatch not a multiple of 128
+  bad = small_ring(128, 0);
+  EXPECT_THROW(mok::FusedForward(config, bad), mok::Error);
+  bad = small_ring(128, 1);
+  bad.ctas_per_rank = 1000;
+  EXPECT_THROW(mok::FusedForward(config, bad), mok::Error);
+  auto fp8 = config;
+  fp8.dtype = mok::DType::kFP8E4M3;
+  EXPECT_THROW(mok::FusedForward(fp8, small_ring(128, 1)), mok::Error);
+
+  const auto layer = mok::synthetic::make_layer(config, 1);
+  DeviceLayer device(layer);
+  mok::FusedForward forward(config, small_ring(128, 1));
+  auto tensors = device.tensors;
+  tensors[1].x = nullptr;
+  EXPECT_THROW(forward.run(tensors), mok::Error);
+  tensors = device.tensors;
+  tensors[0].w2 = static_cast<const uint8_t*>(tensors[0].w2) + 2;  // misaligned
+  EXPECT_THROW(forward.run(tensors), mok::Error);
+  tensors = device.tensors;
+  tensors.pop_back();
+  EXPECT_THROW(forward.run(tensors), mok::Error);
+}
+
+TEST(FusedForward, OutOfRangeExpertIdIsAnErrorNamingRankTokenAndSlot) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 16);
+  auto layer = mok::synthetic::make_layer(config, 2);
+  layer.expert_ids[1][5 * config.top_k + 1] = 8;  // E = 8
+  DeviceLayer device(layer);
+  mok::FusedForward forward(config, small_ring(128, 1));
+  forward.run(device.tensors);
+  try {
+    forward.check();
+    FAIL() << "no error";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1, token 5, slot 1: expert id 8"), std::string::npos) << e.what();
+  }
+  // The same object runs a good batch afterwards.
+  DeviceLayer good(mok::synthetic::make_layer(config, 2));
+  good.poison();
+  forward.run(good.tensors);
+  EXPECT_NO_THROW(forward.check());
+}
+
+}  // namespace
