@@ -96,13 +96,14 @@ def split_world(R, x, ids, w, w13, w2):
     return xs, idss, ws, w13s, w2s
 
 
-def fused(R, layer, minibatch=1024, slots=4, ctas=0, comm=0, check=False):
+def fused(R, layer, minibatch=1024, slots=4, ctas=0, comm=0, lookahead=2, check=False):
     x, ids, w, w13, w2, sw13, sw2 = layer
     xs, idss, ws, w13s, w2s = split_world(R, x, ids, w, w13, w2)
     E = w13.shape[0]
 
     def fn():
-        return torch.ops.mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, E, minibatch, slots, ctas, comm, check)
+        return torch.ops.mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, E, minibatch, slots, ctas, comm,
+                                           lookahead, check)
     return fn
 
 
@@ -137,12 +138,15 @@ def main():
         if name == "dsv3-ep8-slice":
             layer = make_layer(T, H, I, E, k, shared)
             t_native = median_ms(lambda: torch_native(*layer))
-            for R in (2, 8):
-                t = median_ms(fused(R, layer))
-                rows.append((name, f"R={R} virtual", t_native, t, flops, float("nan")))
-            for mb in (256, 512, 2048):
-                t = median_ms(fused(1, layer, minibatch=mb))
-                rows.append((name, f"R=1 minibatch {mb}", t_native, t, flops, float("nan")))
+            sweeps = [(f"R={R} virtual", dict(R=R)) for R in (2, 4, 8)]
+            sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
+            sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 6)]
+            sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (512, 2048)]
+            for cfg, kw in sweeps:
+                R = kw.pop("R", 1)
+                t = median_ms(fused(R, layer, **kw))
+                rows.append((name, cfg, t_native, t, flops, float("nan")))
+                print(f"{name} {cfg}: fused {t:.3f} ms", flush=True)
 
     print()
     print(f"{'shape':<30} {'config':<20} {'native ms':>10} {'fused ms':>9} {'ratio':>6} {'TFLOP/s':>8} {'% peak':>7}")

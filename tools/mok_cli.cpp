@@ -1,8 +1,9 @@
 // mok_cli: runs one MoE layer on a preset and reports what it did.
 //
-// Today it builds the deterministic schedule and runs the CPU reference
-// (forward, optionally backward) on synthetic data; the fused GPU forward
-// joins it when the megakernel lands. Every phase prints its time.
+// With a Hopper GPU (and a CUDA build) it runs the fused forward megakernel on
+// synthetic data, times it and, where the CPU can afford it, checks it against
+// the CPU reference. Without one it says so and runs the CPU reference
+// (forward, optionally backward). Every phase prints its time.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,27 +19,47 @@
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
 
+#if defined(MOK_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "mok/bf16.hpp"
+#include "mok/device_layer.hpp"
+#include "mok/fused_forward.hpp"
+#endif
+
 namespace {
 
 struct Options {
-  std::string preset = "small";
-  int world_size = 2;
+  std::string preset;                // default: deepseek-v3-ep8-slice on a GPU, small on the CPU
+  int world_size = 0;                // default: 1 on a GPU, 2 on the CPU
   std::vector<int> tokens_per_rank;  // empty: `tokens` on every rank
-  int tokens = 256;
+  int tokens = 0;                    // default: 4096 on a GPU, 256 on the CPU
   std::string routing = "uniform";
   uint64_t seed = 1;
   int threads = 2;
   int tile_rows = 128;
   bool fp64 = false;
   bool backward = false;
+  bool cpu = false;  // force the CPU reference even where a GPU exists
+  int iterations = 20;
+  int minibatch_rows = 1024;
+  int ring_slots = 4;
+  int comm_ctas = 0;
 };
 
 void print_usage() {
   std::printf(
       "usage: mok_cli [options]\n"
-      "  --preset NAME          layer shape (default small; --list-presets shows all)\n"
-      "  --world R              expert-parallel ranks, 1..8 (default 2)\n"
-      "  --tokens T             tokens on every rank (default 256)\n"
+      "  With a Hopper GPU: runs the fused forward (virtual world of R ranks on one GPU),\n"
+      "  times it, and checks it against the CPU reference when that is affordable.\n"
+      "  Without one (or with --cpu): runs the CPU reference.\n"
+      "  --preset NAME          layer shape (GPU default deepseek-v3-ep8-slice, CPU default small;\n"
+      "                         --list-presets shows all)\n"
+      "  --world R              expert-parallel ranks, 1..8 (GPU default 1, CPU default 2)\n"
+      "  --tokens T             tokens on every rank (GPU default 4096, CPU default 256)\n"
       "  --tokens-per-rank a,b  a different count per rank (sets --world)\n"
       "  --routing MODE         uniform | skewed | same (default uniform)\n"
       "  --seed S               synthetic data seed (default 1)\n"
@@ -46,6 +67,11 @@ void print_usage() {
       "  --tile-rows N          schedule padding per expert (default 128)\n"
       "  --fp64                 run the reference in fp64 (no bf16 rounding)\n"
       "  --backward             also run the reference backward\n"
+      "  --cpu                  run the CPU reference even where a GPU exists\n"
+      "  --iterations N         timed GPU runs (default 20)\n"
+      "  --minibatch-rows N     fused forward minibatch (default 1024)\n"
+      "  --ring-slots N         fused forward ring slots (default 4)\n"
+      "  --comm-ctas N          dispatch CTAs per rank (default: automatic)\n"
       "  --list-presets         print the presets and exit\n");
 }
 
@@ -83,6 +109,11 @@ Options parse(int argc, char** argv) {
     else if (arg == "--tile-rows") o.tile_rows = std::stoi(value());
     else if (arg == "--fp64") o.fp64 = true;
     else if (arg == "--backward") o.backward = true;
+    else if (arg == "--cpu") o.cpu = true;
+    else if (arg == "--iterations") o.iterations = std::stoi(value());
+    else if (arg == "--minibatch-rows") o.minibatch_rows = std::stoi(value());
+    else if (arg == "--ring-slots") o.ring_slots = std::stoi(value());
+    else if (arg == "--comm-ctas") o.comm_ctas = std::stoi(value());
     else throw mok::Error("unknown option '" + arg + "' (see --help)");
   }
   return o;
@@ -108,13 +139,16 @@ double checksum(const std::vector<std::vector<double>>& per_rank) {
   return sum;
 }
 
-int run(const Options& o) {
+mok::LayerConfig make_config(const Options& o) {
   const mok::LayerShape& shape = mok::find_shape(o.preset);
-  const mok::LayerConfig config =
-      o.tokens_per_rank.empty() ? mok::make_config(shape, o.world_size, o.tokens)
-                                : mok::make_config(shape, o.tokens_per_rank);
+  const mok::LayerConfig config = o.tokens_per_rank.empty() ? mok::make_config(shape, o.world_size, o.tokens)
+                                                            : mok::make_config(shape, o.tokens_per_rank);
   std::printf("mok_cli: preset %s (%s)\n  %s\n", shape.name, shape.note, mok::describe(config).c_str());
-  std::printf("  no GPU path yet: this runs the CPU reference (the fused GPU forward comes with issue 4)\n");
+  return config;
+}
+
+int run_cpu(const Options& o) {
+  const mok::LayerConfig config = make_config(o);
 
   auto start = std::chrono::steady_clock::now();
   const mok::synthetic::Layer layer = mok::synthetic::make_layer(config, o.seed, routing_mode(o.routing));
@@ -160,11 +194,103 @@ int run(const Options& o) {
   return 0;
 }
 
+#if defined(MOK_HAVE_CUDA)
+// Median of `iterations` timed runs (CUDA events), after warm-up.
+double time_forward_ms(mok::FusedForward& forward, const mok::DeviceLayer& device, int iterations) {
+  cudaEvent_t start, stop;
+  MOK_CUDA_CHECK(cudaEventCreate(&start));
+  MOK_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) forward.run(device.tensors());
+  forward.check();
+  std::vector<float> ms;
+  for (int i = 0; i < iterations; ++i) {
+    MOK_CUDA_CHECK(cudaEventRecord(start));
+    forward.run(device.tensors());
+    MOK_CUDA_CHECK(cudaEventRecord(stop));
+    MOK_CUDA_CHECK(cudaEventSynchronize(stop));
+    float elapsed = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+    ms.push_back(elapsed);
+  }
+  forward.check();
+  MOK_CUDA_CHECK(cudaEventDestroy(start));
+  MOK_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int run_gpu(const Options& o) {
+  const mok::LayerConfig config = make_config(o);
+  mok::FusedForwardOptions options;
+  options.minibatch_rows = o.minibatch_rows;
+  options.ring_slots = o.ring_slots;
+  options.comm_ctas_per_rank = o.comm_ctas;
+  auto start = std::chrono::steady_clock::now();
+  const mok::synthetic::Layer layer = mok::synthetic::make_layer(config, o.seed, routing_mode(o.routing));
+  mok::DeviceLayer device(layer);
+  mok::FusedForward forward(config, options);
+  std::printf("[1/3] synthetic data (seed %llu, %s routing) on the GPU, workspace: %.3f s\n      %s\n",
+              static_cast<unsigned long long>(o.seed), o.routing.c_str(), seconds_since(start),
+              forward.options().describe().c_str());
+
+  const double ms = time_forward_ms(forward, device, o.iterations);
+  const double flops = config.forward_flops();
+  std::printf("[2/3] fused forward: %.3f ms (median of %d), %.1f useful TFLOP/s\n", ms, o.iterations,
+              flops / ms * 1e-9);
+
+  // The CPU reference costs about a second per 5 GFLOP on two cores: check
+  // only what it can afford.
+  if (flops > 2e10) {
+    std::printf("[3/3] reference check skipped: %.0f GFLOP is too much for the CPU reference "
+                "(the GPU tests check small presets)\n", flops * 1e-9);
+    return 0;
+  }
+  start = std::chrono::steady_clock::now();
+  device.poison_outputs();
+  forward.run(device.tensors());
+  forward.check();
+  const std::vector<uint16_t> out = device.download_outputs();
+  const auto routing = layer.routing();
+  const mok::WorldSchedule schedule = mok::build_schedule(config, routing, {128, o.threads});
+  mok::ReferenceOptions ref_options;
+  ref_options.num_threads = o.threads;
+  const mok::ReferenceForward ref = mok::reference_forward(layer.inputs(), schedule, ref_options);
+  double err2 = 0, ref2 = 0;
+  size_t at = 0;
+  for (const auto& rank : ref.out) {
+    for (double v : rank) {
+      const double d = mok::bf16_bits_to_float(out[at++]) - v;
+      err2 += d * d;
+      ref2 += v * v;
+    }
+  }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  std::printf("[3/3] vs CPU reference: relative L2 error %.2e (%s), %.3f s\n", rel, rel < 1e-2 ? "ok" : "TOO LARGE",
+              seconds_since(start));
+  return rel < 1e-2 ? 0 : 1;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    Options o = parse(argc, argv);
+    bool gpu = false;
+#if defined(MOK_HAVE_CUDA)
+    gpu = !o.cpu && mok::detail::hopper_device_count() > 0;
+#endif
+    if (o.preset.empty()) o.preset = gpu ? "deepseek-v3-ep8-slice" : "small";
+    if (o.world_size == 0) o.world_size = gpu ? 1 : 2;
+    if (o.tokens == 0) o.tokens = gpu ? 4096 : 256;
+#if defined(MOK_HAVE_CUDA)
+    if (gpu) return run_gpu(o);
+    std::printf("mok_cli: %s: running the CPU reference instead of the fused GPU forward\n",
+                o.cpu ? "--cpu given" : "no Hopper GPU on this machine");
+#else
+    std::printf("mok_cli: built without CUDA: running the CPU reference\n");
+#endif
+    return run_cpu(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -23,6 +23,8 @@ namespace mok {
 struct FusedForwardOptions {
   int minibatch_rows = 1024;  // rows per ring slot; a multiple of 128
   int ring_slots = 4;         // ring (macrobatch) = ring_slots * minibatch_rows rows per rank
+  int lookahead = 2;          // gate/up minibatches taken ahead of a minibatch's down tasks
+                              // (capped at ring_slots; docs/protocol.md)
   int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 12 (at least 1)
   double timeout_seconds = 10.0;  // a wait longer than this aborts the pass with an error

@@ -19,15 +19,23 @@
 
 namespace {
 
+// Messages are built as std::string and handed over as one C string: streaming
+// numbers or devices into TORCH_CHECK crashed inside torch 2.11 (see
+// grouped_mm_ops.cpp).
+void expect(bool ok, const std::string& message) { TORCH_CHECK(ok, ("mok: " + message).c_str()); }
+
+std::string num(int64_t v) { return std::to_string(v); }
+
 void check(const at::Tensor& t, const std::string& name, at::ScalarType dtype, int64_t dim, const at::Device& device) {
-  TORCH_CHECK(t.defined(), "mok: ", name, " is undefined");
-  TORCH_CHECK(t.device() == device, "mok: ", name, " is on ", t.device(), "; expected ", device);
-  TORCH_CHECK(t.scalar_type() == dtype, "mok: ", name, " must be ", dtype, " (got ", t.scalar_type(), ")");
-  TORCH_CHECK(t.dim() == dim, "mok: ", name, " must have ", dim, " dimensions (got ", t.dim(), ")");
-  TORCH_CHECK(t.is_contiguous(), "mok: ", name, " must be contiguous");
+  expect(t.defined(), name + " is undefined");
+  expect(t.device() == device, name + " is on " + t.device().str() + "; expected " + device.str());
+  expect(t.scalar_type() == dtype,
+         name + " must be " + c10::toString(dtype) + " (got " + c10::toString(t.scalar_type()) + ")");
+  expect(t.dim() == dim, name + " must have " + num(dim) + " dimensions (got " + num(t.dim()) + ")");
+  expect(t.is_contiguous(), name + " must be contiguous");
 }
 
-using CacheKey = std::tuple<std::vector<int>, int, int, int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t>;
+using CacheKey = std::tuple<std::vector<int>, int, int, int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 mok::FusedForward& cached_forward(const mok::LayerConfig& config, const mok::FusedForwardOptions& options) {
   static std::mutex mutex;
@@ -36,7 +44,7 @@ mok::FusedForward& cached_forward(const mok::LayerConfig& config, const mok::Fus
   cudaGetDevice(&device);
   const CacheKey key{config.tokens_per_rank, config.hidden, config.intermediate, config.num_experts, config.top_k,
                      config.shared_width(), device, options.minibatch_rows, options.ring_slots,
-                     options.ctas_per_rank, options.comm_ctas_per_rank,
+                     options.ctas_per_rank, options.comm_ctas_per_rank, options.lookahead,
                      static_cast<int64_t>(options.timeout_seconds * 1000)};
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = cache[key];
@@ -49,20 +57,21 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
                                       int64_t minibatch_rows, int64_t ring_slots, int64_t ctas_per_rank,
-                                      int64_t comm_ctas_per_rank, bool check_errors) {
+                                      int64_t comm_ctas_per_rank, int64_t lookahead, bool check_errors) {
   const int64_t R = static_cast<int64_t>(x.size());
-  TORCH_CHECK(R >= 1, "mok: x must hold one tensor per rank");
-  TORCH_CHECK(static_cast<int64_t>(expert_ids.size()) == R && static_cast<int64_t>(weights.size()) == R &&
-                  static_cast<int64_t>(w13.size()) == R && static_cast<int64_t>(w2.size()) == R,
-              "mok: x, expert_ids, weights, w13 and w2 must each hold ", R, " tensors (one per rank)");
+  expect(R >= 1, "x must hold one tensor per rank");
+  expect(static_cast<int64_t>(expert_ids.size()) == R && static_cast<int64_t>(weights.size()) == R &&
+             static_cast<int64_t>(w13.size()) == R && static_cast<int64_t>(w2.size()) == R,
+         "x, expert_ids, weights, w13 and w2 must each hold " + num(R) + " tensors (one per rank)");
   const at::Device device = x[0].device();
-  TORCH_CHECK(device.is_cuda(), "mok: x[0] must be a CUDA tensor");
+  expect(device.is_cuda(), "x[0] must be a CUDA tensor");
+  expect(x[0].dim() == 2, "x[0] must be [T, H]");
   const int64_t H = x[0].size(1);
   const int64_t k = expert_ids[0].dim() == 2 ? expert_ids[0].size(1) : 0;
   const int64_t I = w2[0].dim() == 3 ? w2[0].size(2) : 0;
   const bool has_shared = shared_w13.has_value() && shared_w13->defined();
-  TORCH_CHECK(has_shared == (shared_w2.has_value() && shared_w2->defined()),
-              "mok: give both shared_w13 and shared_w2, or neither");
+  expect(has_shared == (shared_w2.has_value() && shared_w2->defined()),
+         "give both shared_w13 and shared_w2, or neither");
 
   mok::LayerConfig config;
   config.hidden = static_cast<int>(H);
@@ -75,9 +84,8 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
     check(*shared_w2, "shared_w2", at::kBFloat16, 2, device);
     config.num_shared_experts = 1;
     config.shared_intermediate = static_cast<int>(shared_w2->size(1));
-    TORCH_CHECK(shared_w13->size(0) == 2 * shared_w2->size(1) && shared_w13->size(1) == H &&
-                    shared_w2->size(0) == H,
-                "mok: shared_w13 must be [2S, H] and shared_w2 [H, S] with H = ", H);
+    expect(shared_w13->size(0) == 2 * shared_w2->size(1) && shared_w13->size(1) == H && shared_w2->size(0) == H,
+           "shared_w13 must be [2S, H] and shared_w2 [H, S] with H = " + num(H));
   }
   const int64_t El = num_experts / R;
   for (int64_t r = 0; r < R; ++r) {
@@ -88,13 +96,15 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
     check(w13[r], "w13" + at, at::kBFloat16, 3, device);
     check(w2[r], "w2" + at, at::kBFloat16, 3, device);
     const int64_t T = x[r].size(0);
-    TORCH_CHECK(x[r].size(1) == H, "mok: x", at, " must be [T, ", H, "]");
-    TORCH_CHECK(expert_ids[r].size(0) == T && expert_ids[r].size(1) == k, "mok: expert_ids", at, " must be [", T, ", ", k, "]");
-    TORCH_CHECK(weights[r].size(0) == T && weights[r].size(1) == k, "mok: weights", at, " must be [", T, ", ", k, "]");
-    TORCH_CHECK(w13[r].size(0) == El && w13[r].size(1) == 2 * I && w13[r].size(2) == H,
-                "mok: w13", at, " must be [E/R, 2I, H] = [", El, ", ", 2 * I, ", ", H, "]");
-    TORCH_CHECK(w2[r].size(0) == El && w2[r].size(1) == H && w2[r].size(2) == I,
-                "mok: w2", at, " must be [E/R, H, I] = [", El, ", ", H, ", ", I, "]");
+    expect(x[r].size(1) == H, "x" + at + " must be [T, " + num(H) + "]");
+    expect(expert_ids[r].size(0) == T && expert_ids[r].size(1) == k,
+           "expert_ids" + at + " must be [" + num(T) + ", " + num(k) + "]");
+    expect(weights[r].size(0) == T && weights[r].size(1) == k,
+           "weights" + at + " must be [" + num(T) + ", " + num(k) + "]");
+    expect(w13[r].size(0) == El && w13[r].size(1) == 2 * I && w13[r].size(2) == H,
+           "w13" + at + " must be [E/R, 2I, H] = [" + num(El) + ", " + num(2 * I) + ", " + num(H) + "]");
+    expect(w2[r].size(0) == El && w2[r].size(1) == H && w2[r].size(2) == I,
+           "w2" + at + " must be [E/R, H, I] = [" + num(El) + ", " + num(H) + ", " + num(I) + "]");
     config.tokens_per_rank.push_back(static_cast<int>(T));
   }
 
@@ -103,6 +113,7 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
   options.ring_slots = static_cast<int>(ring_slots);
   options.ctas_per_rank = static_cast<int>(ctas_per_rank);
   options.comm_ctas_per_rank = static_cast<int>(comm_ctas_per_rank);
+  options.lookahead = static_cast<int>(lookahead);
 
   const c10::cuda::CUDAGuard guard(device);
   std::vector<at::Tensor> out;
@@ -136,7 +147,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
       "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int minibatch_rows=1024, int ring_slots=4, "
-      "int ctas_per_rank=0, int comm_ctas_per_rank=0, bool check_errors=False) -> Tensor[]");
+      "int ctas_per_rank=0, int comm_ctas_per_rank=0, int lookahead=2, bool check_errors=False) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("fused_forward", &fused_forward); }

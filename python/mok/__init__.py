@@ -11,6 +11,11 @@ Importing this package loads libmok_torch.so, which registers:
       w13 [G, 2N, K]: rows [0, N) gate, [N, 2N) up. out [M, N] =
       silu(a @ gate^T) * (a @ up^T), fp32 math, one bf16 rounding.
 
+  torch.ops.mok.fused_forward(x, expert_ids, weights, w13, w2, shared_w13,
+                              shared_w2, num_experts, ...) -> out
+      The fused MoE forward over a virtual world of R = len(x) ranks on one
+      GPU; see fused_forward() below.
+
 K and N must be multiples of 64. The library is searched in $MOK_LIB_DIR, then
 <repo>/build/python.
 """
@@ -55,6 +60,25 @@ def grouped_mm_swiglu(a: torch.Tensor, w13: torch.Tensor, group_offset: torch.Te
     return torch.ops.mok.grouped_mm_swiglu(a, w13, group_offset, group_rows)
 
 
+def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
+                  num_experts: int, minibatch_rows: int = 1024, ring_slots: int = 4,
+                  ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0, lookahead: int = 2,
+                  check_errors: bool = False):
+    """The fused MoE layer forward (one persistent kernel).
+
+    Lists hold one tensor per rank of a virtual world on one GPU (R = len(x)):
+    x[r] [T_r, H] bf16, expert_ids[r] [T_r, k] int32 (global ids),
+    weights[r] [T_r, k] fp32, w13[r] [E/R, 2I, H] bf16 (gate rows, then up),
+    w2[r] [E/R, H, I] bf16; shared_w13 [2S, H] and shared_w2 [H, S] bf16, or
+    None. Returns [out[r] [T_r, H] bf16]. Results are bitwise identical for
+    any R, minibatch, ring size or SM split. check_errors=True synchronises
+    and raises on a stalled pass or a bad expert id (rank, token, slot named).
+    """
+    return torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
+                                       shared_w13, shared_w2, num_experts, minibatch_rows, ring_slots,
+                                       ctas_per_rank, comm_ctas_per_rank, lookahead, check_errors)
+
+
 def layout_from_counts(counts, tile_rows: int = 1, device=None):
     """(group_offset, group_rows) int32 tensors for groups of `counts` rows,
     each padded to a multiple of `tile_rows` (1 = contiguous, no padding)."""
@@ -65,4 +89,4 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]
+__all__ = ["fused_forward", "grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]

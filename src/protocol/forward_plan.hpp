@@ -30,7 +30,14 @@ struct ForwardGeometry {
   int32_t shared_m_tiles;   // m-tiles of this rank's own tokens (shared expert), 0 if none
   int32_t shared_gate_up_n_tiles;
   int32_t shared_down_n_tiles;
+  int32_t lookahead;        // gate/up minibatches scheduled ahead of the down tasks, >= 1
 
+  // The lookahead in force: the h ring must hold every minibatch between a
+  // gate/up and its down, so it never exceeds ring_slots.
+  MOK_HD int32_t effective_lookahead() const {
+    const int32_t l = lookahead < 1 ? 1 : lookahead;
+    return l < ring_slots ? l : ring_slots;
+  }
   MOK_HD int32_t tiles_per_minibatch() const { return minibatch_rows / tile_m; }
   MOK_HD int32_t m_tiles() const { return padded_rows / tile_m; }
   MOK_HD int32_t minibatches() const {
@@ -93,7 +100,13 @@ MOK_HD uint32_t down_done_target(const ForwardGeometry& g) {
 // with smaller tickets. With every worker resident (persistent grid), the
 // smallest unfinished ticket can always progress: no deadlock, whatever the
 // ring size. Order: shared gate/up, shared down (they overlap the dispatch),
-// then per minibatch: its gate/up tasks, then its down tasks.
+// then the routed blocks
+//   GU(0) .. GU(L-1), D(0), GU(L), D(1), GU(L+1), ..., D(M-1)
+// where GU(m) / D(m) are minibatch m's gate/up / down tasks (m-tile major) and
+// L = effective_lookahead(). The lookahead keeps workers busy on the next
+// minibatches' gate/up while a minibatch's down tasks wait for its h; it needs
+// L <= ring_slots because GU(m) waits for D(m - ring_slots) (h slot reuse),
+// which must come earlier in the order.
 
 enum class TaskKind : int32_t { kSharedGateUp, kSharedDown, kGateUp, kDown, kNone };
 
@@ -110,7 +123,16 @@ MOK_HD int64_t task_count(const ForwardGeometry& g) {
   return shared + static_cast<int64_t>(g.m_tiles()) * (g.gate_up_n_tiles + g.down_n_tiles);
 }
 
+// Task `index` (m-tile major) of minibatch mb's gate/up or down block.
+MOK_HD Task routed_task(const ForwardGeometry& g, TaskKind kind, int32_t mb, int64_t index) {
+  const int32_t n_tiles = kind == TaskKind::kGateUp ? g.gate_up_n_tiles : g.down_n_tiles;
+  return {kind, mb, mb * g.tiles_per_minibatch() + static_cast<int32_t>(index / n_tiles),
+          static_cast<int32_t>(index % n_tiles)};
+}
+
 MOK_HD Task decode_task(const ForwardGeometry& g, int64_t ticket) {
+  constexpr Task kNoTask{TaskKind::kNone, -1, -1, -1};
+  if (ticket < 0) return kNoTask;
   const int64_t shared_gu = static_cast<int64_t>(g.shared_m_tiles) * g.shared_gate_up_n_tiles;
   const int64_t shared_dn = static_cast<int64_t>(g.shared_m_tiles) * g.shared_down_n_tiles;
   if (ticket < shared_gu) {
@@ -123,25 +145,38 @@ MOK_HD Task decode_task(const ForwardGeometry& g, int64_t ticket) {
             static_cast<int32_t>(ticket % g.shared_down_n_tiles)};
   }
   ticket -= shared_dn;
-  // Full minibatches all have the same number of tasks; only the last is short.
-  const int64_t per_tile = g.gate_up_n_tiles + g.down_n_tiles;
-  const int64_t per_full_mb = static_cast<int64_t>(g.tiles_per_minibatch()) * per_tile;
-  const int32_t mb = static_cast<int32_t>(ticket / per_full_mb);
-  if (mb >= g.minibatches()) return {TaskKind::kNone, -1, -1, -1};
-  int64_t in_mb = ticket - mb * per_full_mb;
-  const int32_t tiles = g.tiles_in_minibatch(mb);
-  const int32_t first_tile = mb * g.tiles_per_minibatch();
-  const int64_t gate_up = static_cast<int64_t>(tiles) * g.gate_up_n_tiles;
-  if (in_mb < gate_up) {
-    return {TaskKind::kGateUp, mb, first_tile + static_cast<int32_t>(in_mb / g.gate_up_n_tiles),
-            static_cast<int32_t>(in_mb % g.gate_up_n_tiles)};
+
+  const int32_t M = g.minibatches();
+  const int32_t L = g.effective_lookahead();
+  auto gu_size = [&](int32_t mb) -> int64_t { return static_cast<int64_t>(g.tiles_in_minibatch(mb)) * g.gate_up_n_tiles; };
+  auto down_size = [&](int32_t mb) -> int64_t { return static_cast<int64_t>(g.tiles_in_minibatch(mb)) * g.down_n_tiles; };
+  // 1. GU(0) .. GU(L-1).
+  for (int32_t mb = 0; mb < L && mb < M; ++mb) {
+    if (ticket < gu_size(mb)) return routed_task(g, TaskKind::kGateUp, mb, ticket);
+    ticket -= gu_size(mb);
   }
-  in_mb -= gate_up;
-  if (in_mb < static_cast<int64_t>(tiles) * g.down_n_tiles) {
-    return {TaskKind::kDown, mb, first_tile + static_cast<int32_t>(in_mb / g.down_n_tiles),
-            static_cast<int32_t>(in_mb % g.down_n_tiles)};
+  // 2. Pairs D(j), GU(j + L) of full minibatches (only the last one is short),
+  //    in closed form.
+  const int64_t full_gu = static_cast<int64_t>(g.tiles_per_minibatch()) * g.gate_up_n_tiles;
+  const int64_t full_down = static_cast<int64_t>(g.tiles_per_minibatch()) * g.down_n_tiles;
+  const int32_t full_pairs = M - 1 - L > 0 ? M - 1 - L : 0;
+  if (ticket < full_pairs * (full_gu + full_down)) {
+    const int32_t j = static_cast<int32_t>(ticket / (full_gu + full_down));
+    const int64_t in_pair = ticket % (full_gu + full_down);
+    return in_pair < full_down ? routed_task(g, TaskKind::kDown, j, in_pair)
+                               : routed_task(g, TaskKind::kGateUp, j + L, in_pair - full_down);
   }
-  return {TaskKind::kNone, -1, -1, -1};
+  ticket -= full_pairs * (full_gu + full_down);
+  // 3. The remaining blocks (at most L + 1 of them), one by one.
+  for (int32_t j = full_pairs; j < M; ++j) {
+    if (ticket < down_size(j)) return routed_task(g, TaskKind::kDown, j, ticket);
+    ticket -= down_size(j);
+    if (j + L < M) {
+      if (ticket < gu_size(j + L)) return routed_task(g, TaskKind::kGateUp, j + L, ticket);
+      ticket -= gu_size(j + L);
+    }
+  }
+  return kNoTask;
 }
 
 // Where m-tile `m_tile` of the schedule sits in the ring (x and h rings share

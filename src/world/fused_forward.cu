@@ -74,7 +74,7 @@ void require_device_pointer(const void* p, const std::string& field, bool requir
 
 std::string FusedForwardOptions::describe() const {
   std::ostringstream s;
-  s << "minibatch_rows=" << minibatch_rows << " ring_slots=" << ring_slots << " ctas_per_rank=" << ctas_per_rank
+  s << "minibatch_rows=" << minibatch_rows << " ring_slots=" << ring_slots << " lookahead=" << lookahead << " ctas_per_rank=" << ctas_per_rank
     << " comm_ctas_per_rank=" << comm_ctas_per_rank << " timeout=" << timeout_seconds << "s";
   return s.str();
 }
@@ -111,6 +111,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   require(o.minibatch_rows >= kTileM && o.minibatch_rows % kTileM == 0, "minibatch_rows", o.minibatch_rows,
           "must be a positive multiple of 128 (the GEMM tile height)");
   require(o.ring_slots >= 1, "ring_slots", o.ring_slots, "must be >= 1");
+  require(o.lookahead >= 1, "lookahead", o.lookahead, "must be >= 1");
   require(o.timeout_seconds > 0, "timeout_seconds", o.timeout_seconds, "must be > 0");
 
   MOK_CUDA_CHECK(cudaGetDevice(&s.device));
@@ -169,6 +170,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   p.tile_m = kTileM;
   p.minibatch_rows = o.minibatch_rows;
   p.ring_slots = o.ring_slots;
+  p.lookahead = o.lookahead;
   p.ctas_per_rank = o.ctas_per_rank;
   p.comm_ctas_per_rank = o.comm_ctas_per_rank;
   p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);

@@ -41,6 +41,7 @@ struct ModelOptions {
   int down_n_tiles = 3;
   int shared_gate_up_n_tiles = 2;  // used only when the shape has a shared expert
   int shared_down_n_tiles = 2;
+  int lookahead = 1;
   int dispatch_workers = 2;  // per rank; 0 starves the pass (timeout test)
   int gemm_workers = 3;      // per rank
   int dispatch_delay_us = 20;
@@ -120,6 +121,7 @@ class ProtocolModel {
     m.geometry.shared_m_tiles = shared ? (T + options_.tile_m - 1) / options_.tile_m : 0;
     m.geometry.shared_gate_up_n_tiles = options_.shared_gate_up_n_tiles;
     m.geometry.shared_down_n_tiles = options_.shared_down_n_tiles;
+    m.geometry.lookahead = options_.lookahead;
     m.counter_words.assign(counter_words(m.geometry), 0u);
     m.counters = carve_counters(m.geometry, m.counter_words.data(), &abort_, &stall_);
     const size_t ring_rows = static_cast<size_t>(m.geometry.ring_tiles()) * options_.tile_m;
@@ -328,14 +330,17 @@ TEST(ForwardProtocol, CompletesAndMovesEveryRowOnceUnderRandomDelays) {
   for (int world : {1, 2, 4}) {
     for (int ring_slots : {1, 2, 3}) {
       for (int minibatch_tiles : {1, 3}) {
+       for (int lookahead : {1, 2, 3}) {
         auto config = mok::make_config(mok::find_shape("small"), world, 0);
         for (int r = 0; r < world; ++r) config.tokens_per_rank[r] = 11 + 7 * r;
         ModelOptions options;
         options.ring_slots = ring_slots;
         options.minibatch_tiles = minibatch_tiles;
+        options.lookahead = lookahead;
         SCOPED_TRACE(testing::Message() << "R=" << world << " slots=" << ring_slots
-                                        << " minibatch_tiles=" << minibatch_tiles);
+                                        << " minibatch_tiles=" << minibatch_tiles << " lookahead=" << lookahead);
         run_and_expect_clean(config, mok::synthetic::RoutingMode::kUniform, options, seed++);
+       }
       }
     }
   }
@@ -406,40 +411,57 @@ TEST(ForwardProtocol, AStarvedWaitTimesOutWithAReport) {
 }
 
 TEST(ForwardProtocol, TaskOrderCoversEveryTaskOnceInTopologicalOrder) {
-  ForwardGeometry g{};
-  g.padded_rows = 7 * 8;
-  g.tile_m = 8;
-  g.minibatch_rows = 24;  // 3 tiles: minibatches of 3, 3 and 1 tiles
-  g.ring_slots = 2;
-  g.gate_up_n_tiles = 4;
-  g.down_n_tiles = 5;
-  g.shared_m_tiles = 2;
-  g.shared_gate_up_n_tiles = 3;
-  g.shared_down_n_tiles = 2;
-  ASSERT_EQ(g.minibatches(), 3);
-  std::vector<int> gate_up(static_cast<size_t>(g.m_tiles() * g.gate_up_n_tiles), 0);
-  std::vector<int> down(static_cast<size_t>(g.m_tiles() * g.down_n_tiles), 0);
-  int shared = 0;
-  for (int64_t ticket = 0; ticket < task_count(g); ++ticket) {
-    const Task t = decode_task(g, ticket);
-    ASSERT_NE(t.kind, TaskKind::kNone) << ticket;
-    if (t.kind == TaskKind::kGateUp) {
-      ++gate_up[static_cast<size_t>(t.m_tile * g.gate_up_n_tiles + t.n_tile)];
-      EXPECT_EQ(t.minibatch, t.m_tile / 3);
-    } else if (t.kind == TaskKind::kDown) {
-      // Every gate/up of the same m-tile came first.
-      for (int n = 0; n < g.gate_up_n_tiles; ++n) {
-        EXPECT_EQ(gate_up[static_cast<size_t>(t.m_tile * g.gate_up_n_tiles + n)], 1) << ticket;
+  for (int minibatch_tiles : {1, 2, 3}) {
+    for (int ring_slots : {1, 2, 3}) {
+      for (int lookahead : {1, 2, 4}) {
+        ForwardGeometry g{};
+        g.padded_rows = 7 * 8;
+        g.tile_m = 8;
+        g.minibatch_rows = 8 * minibatch_tiles;  // 3 tiles: minibatches of 3, 3 and 1 tiles
+        g.ring_slots = ring_slots;
+        g.gate_up_n_tiles = 4;
+        g.down_n_tiles = 5;
+        g.shared_m_tiles = 2;
+        g.shared_gate_up_n_tiles = 3;
+        g.shared_down_n_tiles = 2;
+        g.lookahead = lookahead;
+        SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " slots=" << ring_slots
+                                        << " lookahead=" << lookahead);
+        std::vector<int> gate_up(static_cast<size_t>(g.m_tiles() * g.gate_up_n_tiles), 0);
+        std::vector<int> down(static_cast<size_t>(g.m_tiles() * g.down_n_tiles), 0);
+        std::vector<int> down_done_of_minibatch(static_cast<size_t>(g.minibatches()), 0);
+        int shared = 0;
+        for (int64_t ticket = 0; ticket < task_count(g); ++ticket) {
+          const Task t = decode_task(g, ticket);
+          ASSERT_NE(t.kind, TaskKind::kNone) << ticket;
+          if (t.kind == TaskKind::kGateUp) {
+            ++gate_up[static_cast<size_t>(t.m_tile * g.gate_up_n_tiles + t.n_tile)];
+            ASSERT_EQ(t.minibatch, t.m_tile / minibatch_tiles);
+            // h slot reuse: every down task of minibatch mb - ring_slots came first.
+            const int older = t.minibatch - ring_slots;
+            if (older >= 0) {
+              EXPECT_EQ(down_done_of_minibatch[static_cast<size_t>(older)],
+                        g.tiles_in_minibatch(older) * g.down_n_tiles) << ticket;
+            }
+          } else if (t.kind == TaskKind::kDown) {
+            ASSERT_EQ(t.minibatch, t.m_tile / minibatch_tiles);
+            // Every gate/up of the same m-tile came first.
+            for (int n = 0; n < g.gate_up_n_tiles; ++n) {
+              EXPECT_EQ(gate_up[static_cast<size_t>(t.m_tile * g.gate_up_n_tiles + n)], 1) << ticket;
+            }
+            ++down[static_cast<size_t>(t.m_tile * g.down_n_tiles + t.n_tile)];
+            ++down_done_of_minibatch[static_cast<size_t>(t.minibatch)];
+          } else {
+            ++shared;
+          }
+        }
+        for (int c : gate_up) EXPECT_EQ(c, 1);
+        for (int c : down) EXPECT_EQ(c, 1);
+        EXPECT_EQ(shared, 2 * (3 + 2));
+        EXPECT_EQ(decode_task(g, task_count(g)).kind, TaskKind::kNone);
       }
-      ++down[static_cast<size_t>(t.m_tile * g.down_n_tiles + t.n_tile)];
-    } else {
-      ++shared;
     }
   }
-  for (int c : gate_up) EXPECT_EQ(c, 1);
-  for (int c : down) EXPECT_EQ(c, 1);
-  EXPECT_EQ(shared, 2 * (3 + 2));
-  EXPECT_EQ(decode_task(g, task_count(g)).kind, TaskKind::kNone);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "common/cuda_check.hpp"
 #include "gpu_test_env.hpp"
 #include "mok/bf16.hpp"
+#include "mok/device_layer.hpp"
 #include "mok/error.hpp"
 #include "mok/fused_forward.hpp"
 #include "mok/presets.hpp"
@@ -25,102 +26,15 @@ namespace {
 
 using mok::synthetic::RoutingMode;
 
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (n > 0) MOK_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr, o.ptr);
-    std::swap(count, o.count);
-    return *this;
-  }
-  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
-};
-
-std::vector<uint16_t> to_bf16(const float* values, size_t n) {
-  std::vector<uint16_t> bits(n);
-  for (size_t i = 0; i < n; ++i) bits[i] = mok::float_to_bf16_bits(values[i]);
-  return bits;
-}
-
-template <class T>
-DeviceBuffer<T> upload(const T* data, size_t n) {
-  DeviceBuffer<T> buffer(n);
-  if (n > 0) MOK_CUDA_CHECK(cudaMemcpy(buffer.ptr, data, n * sizeof(T), cudaMemcpyHostToDevice));
-  return buffer;
-}
-
-// One layer's tensors on the device, split over the world's ranks.
-struct DeviceLayer {
-  std::vector<DeviceBuffer<uint16_t>> x, out, w13, w2;
-  std::vector<DeviceBuffer<int32_t>> ids;
-  std::vector<DeviceBuffer<float>> weights;
-  DeviceBuffer<uint16_t> shared_w13, shared_w2;
-  std::vector<mok::RankTensors> tensors;
-
-  explicit DeviceLayer(const mok::synthetic::Layer& layer) {
-    const mok::LayerConfig& c = layer.config;
-    const size_t H = c.hidden, I = c.intermediate, S = c.shared_width(), k = c.top_k;
-    const size_t El = c.experts_per_rank();
-    if (S > 0) {
-      shared_w13 = upload(to_bf16(layer.shared_w13.data(), 2 * S * H).data(), 2 * S * H);
-      shared_w2 = upload(to_bf16(layer.shared_w2.data(), H * S).data(), H * S);
-    }
-    for (int r = 0; r < c.world_size; ++r) {
-      const size_t T = c.tokens_per_rank[r];
-      x.push_back(upload(to_bf16(layer.x[r].data(), T * H).data(), T * H));
-      ids.push_back(upload(layer.expert_ids[r].data(), T * k));
-      weights.push_back(upload(layer.weights[r].data(), T * k));
-      w13.push_back(upload(to_bf16(layer.w13.data() + r * El * 2 * I * H, El * 2 * I * H).data(), El * 2 * I * H));
-      w2.push_back(upload(to_bf16(layer.w2.data() + r * El * H * I, El * H * I).data(), El * H * I));
-      out.emplace_back(T * H);
-    }
-    for (int r = 0; r < c.world_size; ++r) {
-      mok::RankTensors t;
-      t.x = x[r].ptr;
-      t.expert_ids = ids[r].ptr;
-      t.weights = weights[r].ptr;
-      t.out = out[r].ptr;
-      t.w13 = w13[r].ptr;
-      t.w2 = w2[r].ptr;
-      t.shared_w13 = shared_w13.ptr;
-      t.shared_w2 = shared_w2.ptr;
-      tensors.push_back(t);
-    }
-  }
-
-  // Fills every output with 0xFFFF (a NaN), so an unwritten element fails.
-  void poison() {
-    for (auto& o : out) {
-      if (o.count) MOK_CUDA_CHECK(cudaMemset(o.ptr, 0xFF, o.count * sizeof(uint16_t)));
-    }
-  }
-
-  // All ranks' outputs, concatenated in global token order.
-  std::vector<uint16_t> download() const {
-    std::vector<uint16_t> all;
-    for (const auto& o : out) {
-      const size_t at = all.size();
-      all.resize(at + o.count);
-      if (o.count) MOK_CUDA_CHECK(cudaMemcpy(all.data() + at, o.ptr, o.count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    }
-    return all;
-  }
-};
+using mok::DeviceLayer;
 
 std::vector<uint16_t> run_fused(DeviceLayer& device, const mok::LayerConfig& config,
                                 const mok::FusedForwardOptions& options) {
   mok::FusedForward forward(config, options);
-  device.poison();
-  forward.run(device.tensors);
+  device.poison_outputs();
+  forward.run(device.tensors());
   forward.check();
-  return device.download();
+  return device.download_outputs();
 }
 
 std::vector<double> reference_out(const mok::synthetic::Layer& layer) {
@@ -198,10 +112,10 @@ TEST(FusedForward, BitwiseIdenticalOverTwentyRuns) {
   mok::FusedForward forward(config, small_ring(256, 2));
   std::vector<uint16_t> first;
   for (int run = 0; run < 20; ++run) {
-    device.poison();
-    forward.run(device.tensors);
+    device.poison_outputs();
+    forward.run(device.tensors());
     forward.check();
-    const auto out = device.download();
+    const auto out = device.download_outputs();
     if (run == 0) first = out;
     ASSERT_EQ(out, first) << "run " << run;
   }
@@ -251,36 +165,50 @@ TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   const auto layer = mok::synthetic::make_layer(config, 1);
   DeviceLayer device(layer);
   mok::FusedForward forward(config, small_ring(128, 1));
-  auto tensors = device.tensors;
+  auto tensors = device.tensors();
   tensors[1].x = nullptr;
   EXPECT_THROW(forward.run(tensors), mok::Error);
-  tensors = device.tensors;
+  tensors = device.tensors();
   tensors[0].w2 = static_cast<const uint8_t*>(tensors[0].w2) + 2;  // misaligned
   EXPECT_THROW(forward.run(tensors), mok::Error);
-  tensors = device.tensors;
+  tensors = device.tensors();
   tensors.pop_back();
   EXPECT_THROW(forward.run(tensors), mok::Error);
 }
 
-TEST(FusedForward, OutOfRangeExpertIdIsAnErrorNamingRankTokenAndSlot) {
+TEST(FusedForward, BadExpertIdsAreErrorsNamingRankTokenAndSlot) {
   MOK_REQUIRE_HOPPER();
   const auto config = mok::make_config(mok::find_shape("small"), 2, 16);
-  auto layer = mok::synthetic::make_layer(config, 2);
-  layer.expert_ids[1][5 * config.top_k + 1] = 8;  // E = 8
-  DeviceLayer device(layer);
   mok::FusedForward forward(config, small_ring(128, 1));
-  forward.run(device.tensors);
-  try {
-    forward.check();
-    FAIL() << "no error";
-  } catch (const mok::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1, token 5, slot 1: expert id 8"), std::string::npos) << e.what();
+  // Bad entries at several tokens, so that the warp that finds them differs
+  // (a role that left its peers at a barrier would hang here), out of range
+  // and repeated within a token.
+  struct Bad { int token; int slot; int id; const char* says; };
+  for (const Bad& bad : {Bad{0, 0, 8, "rank 1, token 0, slot 0: expert id 8"},
+                         Bad{1, 1, -1, "rank 1, token 1, slot 1: expert id -1"},
+                         Bad{3, 1, 99, "rank 1, token 3, slot 1: expert id 99"},
+                         Bad{5, 1, 8, "rank 1, token 5, slot 1: expert id 8"},
+                         Bad{2, 1, -2, "rank 1, token 2, slot 1: expert id"}}) {
+    auto layer = mok::synthetic::make_layer(config, 2);
+    auto& ids = layer.expert_ids[1];
+    // id -2 stands for "repeat slot 0's expert".
+    ids[bad.token * config.top_k + bad.slot] = bad.id == -2 ? ids[bad.token * config.top_k] : bad.id;
+    DeviceLayer device(layer);
+    forward.run(device.tensors());
+    try {
+      forward.check();
+      ADD_FAILURE() << "no error for " << bad.says;
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.says), std::string::npos) << e.what();
+    }
   }
   // The same object runs a good batch afterwards.
-  DeviceLayer good(mok::synthetic::make_layer(config, 2));
-  good.poison();
-  forward.run(good.tensors);
+  const auto layer = mok::synthetic::make_layer(config, 2);
+  DeviceLayer good(layer);
+  good.poison_outputs();
+  forward.run(good.tensors());
   EXPECT_NO_THROW(forward.check());
+  expect_close_to_reference(good.download_outputs(), reference_out(layer));
 }
 
 }  // namespace

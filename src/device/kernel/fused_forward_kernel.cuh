@@ -47,9 +47,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   if (cta < comm) {
     auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
-    bool ok = build_schedule(ctx, cta * kFusedWarps + warp, comm * kFusedWarps);
-    if (ok) ok = dispatch(ctx, dispatch_smem, cta);
-    if (ok) combine(ctx, cta * kFusedWarps + warp, combine_warps);
+    const bool scheduled = build_schedule(ctx, cta * kFusedWarps + warp, comm * kFusedWarps);
+    // Every copy warp enters dispatch whatever its own schedule work returned:
+    // dispatch's named barriers count all of them, and its first wait sees an
+    // abort for everyone at once (a warp skipping it would hang the others).
+    const bool dispatched = dispatch(ctx, dispatch_smem, cta);
+    if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps);
     return;
   }
 

@@ -58,6 +58,7 @@ struct FusedForwardParams {
   int32_t tile_m;
   int32_t minibatch_rows;
   int32_t ring_slots;
+  int32_t lookahead;
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
   uint64_t timeout_ns;

@@ -52,6 +52,7 @@ struct RoleContext {
     g.tile_m = params.tile_m;
     g.minibatch_rows = params.minibatch_rows;
     g.ring_slots = params.ring_slots;
+    g.lookahead = params.lookahead;
     g.gate_up_n_tiles = (params.intermediate + kGateUpOutCols - 1) / kGateUpOutCols;
     g.down_n_tiles = (params.hidden + kDownOutCols - 1) / kDownOutCols;
     const int32_t tokens = view().tokens;
