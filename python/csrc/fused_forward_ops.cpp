@@ -2,12 +2,19 @@
 // world of R ranks on one GPU, as a PyTorch custom op. Rank r's tensors are
 // entry r of each list. A FusedForward (workspace and all) is cached per
 // (config, options) on first use.
+//
+// Errors: the op throws no C++ exception across the dispatcher. On bad input
+// (or, with check_errors, a failed pass) it returns an empty list and leaves
+// the message for torch.ops.mok.last_error(); python/mok raises it as a
+// Python exception. (A c10::Error thrown from this library crashed the
+// process under torch 2.11 on the device machine; see grouped_mm_ops.cpp.)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,10 +26,19 @@
 
 namespace {
 
-// Messages are built as std::string and handed over as one C string: streaming
-// numbers or devices into TORCH_CHECK crashed inside torch 2.11 (see
-// grouped_mm_ops.cpp).
-void expect(bool ok, const std::string& message) { TORCH_CHECK(ok, ("mok: " + message).c_str()); }
+// A rejected argument; caught at the op's boundary.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void expect(bool ok, const std::string& message) {
+  if (!ok) throw BadInput("mok: " + message);
+}
+
+std::string& last_error_message() {
+  thread_local std::string message;
+  return message;
+}
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -52,7 +68,7 @@ mok::FusedForward& cached_forward(const mok::LayerConfig& config, const mok::Fus
   return *slot;
 }
 
-std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
+std::vector<at::Tensor> fused_forward_checked(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                       at::TensorList w13, at::TensorList w2,
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
@@ -130,16 +146,31 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
     t.shared_w13 = has_shared ? shared_w13->data_ptr() : nullptr;
     t.shared_w2 = has_shared ? shared_w2->data_ptr() : nullptr;
   }
-  try {
-    mok::FusedForward& forward = cached_forward(config, options);
-    auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-    forward.run(tensors, stream);
-    if (check_errors) forward.check(stream);
-  } catch (const mok::Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
+  mok::FusedForward& forward = cached_forward(config, options);
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  forward.run(tensors, stream);
+  if (check_errors) forward.check(stream);
   return out;
 }
+
+std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
+                                      at::TensorList w13, at::TensorList w2,
+                                      const std::optional<at::Tensor>& shared_w13,
+                                      const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
+                                      int64_t minibatch_rows, int64_t ring_slots, int64_t ctas_per_rank,
+                                      int64_t comm_ctas_per_rank, int64_t lookahead, bool check_errors) {
+  last_error_message().clear();
+  try {
+    return fused_forward_checked(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts,
+                                 minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank, lookahead,
+                                 check_errors);
+  } catch (const std::exception& e) {  // BadInput and mok::Error
+    last_error_message() = e.what();
+    return {};
+  }
+}
+
+std::string last_error() { return last_error_message(); }
 
 }  // namespace
 
@@ -148,6 +179,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
       "fused_forward(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
       "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int minibatch_rows=1024, int ring_slots=4, "
       "int ctas_per_rank=0, int comm_ctas_per_rank=0, int lookahead=2, bool check_errors=False) -> Tensor[]");
+  m.def("last_error() -> str", &last_error);
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("fused_forward", &fused_forward); }

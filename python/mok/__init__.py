@@ -74,9 +74,12 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     any R, minibatch, ring size or SM split. check_errors=True synchronises
     and raises on a stalled pass or a bad expert id (rank, token, slot named).
     """
-    return torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
-                                       shared_w13, shared_w2, num_experts, minibatch_rows, ring_slots,
-                                       ctas_per_rank, comm_ctas_per_rank, lookahead, check_errors)
+    out = torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
+                                      shared_w13, shared_w2, num_experts, minibatch_rows, ring_slots,
+                                      ctas_per_rank, comm_ctas_per_rank, lookahead, check_errors)
+    if not out:  # the op reports errors through last_error(), never by a C++ exception
+        raise RuntimeError(torch.ops.mok.last_error())
+    return out
 
 
 def layout_from_counts(counts, tile_rows: int = 1, device=None):
