@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -49,9 +50,10 @@ bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_
 void require_pointer(const void* p, const char* field, uintptr_t alignment) {
   if (p == nullptr) throw Error(std::string(field) + " is null");
   if (!aligned(p, alignment)) {
-    std::ostringstream msg;
-    msg << field << " = " << p << ": must be " << alignment << "-byte aligned";
-    throw Error(msg.str());
+    // No iostreams on paths the torch extension runs (see src/world/fused_forward.cu).
+    char text[32];
+    std::snprintf(text, sizeof(text), "%p", p);
+    throw Error(std::string(field) + " = " + text + ": must be " + std::to_string(alignment) + "-byte aligned");
   }
 }
 

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <sstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -58,25 +58,33 @@ CUtensorMap encode(const char* what, const void* base, int rank, std::array<cuui
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+// Messages here are built with std::to_string / snprintf, not iostreams: this
+// code also runs inside the PyTorch extension, where formatting an integer
+// through an ostream crashed (a libstdc++ mismatch in torch 2.11's process;
+// docs/perf-notes.md, "torch extension").
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%p", p);
+  return text;
+}
+
 void require_device_pointer(const void* p, const std::string& field, bool required) {
   if (p == nullptr) {
     if (required) throw Error(field + " is null");
     return;
   }
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    std::ostringstream msg;
-    msg << field << " = " << p << ": must be 16-byte aligned";
-    throw Error(msg.str());
+    throw Error(field + " = " + pointer_text(p) + ": must be 16-byte aligned");
   }
 }
 
 }  // namespace
 
 std::string FusedForwardOptions::describe() const {
-  std::ostringstream s;
-  s << "minibatch_rows=" << minibatch_rows << " ring_slots=" << ring_slots << " lookahead=" << lookahead << " ctas_per_rank=" << ctas_per_rank
-    << " comm_ctas_per_rank=" << comm_ctas_per_rank << " timeout=" << timeout_seconds << "s";
-  return s.str();
+  return "minibatch_rows=" + std::to_string(minibatch_rows) + " ring_slots=" + std::to_string(ring_slots) +
+         " lookahead=" + std::to_string(lookahead) + " ctas_per_rank=" + std::to_string(ctas_per_rank) +
+         " comm_ctas_per_rank=" + std::to_string(comm_ctas_per_rank) +
+         " timeout=" + std::to_string(timeout_seconds) + "s";
 }
 
 struct FusedForward::State {
@@ -293,18 +301,18 @@ void FusedForward::check(CUstream_st* stream) {
   protocol::StallReport report;
   std::memcpy(&report, words + 1, sizeof(report));
   const auto id = static_cast<protocol::CounterId>(report.counter);
-  std::ostringstream msg;
+  using std::to_string;
   if (id == protocol::CounterId::kBadRouting) {
     const int k = s.config.top_k;
-    msg << "fused forward: rank " << report.waiter << ", token " << report.index / k << ", slot "
-        << report.index % k << ": expert id " << static_cast<int32_t>(report.observed)
-        << " is out of range [0, " << s.config.num_experts << ") or repeats an earlier slot of the token";
-  } else {
-    msg << "fused forward stalled: rank " << report.waiter << " waited on " << protocol::counter_name(id)
-        << "[" << report.index << "] of rank " << report.owner << " for >= " << report.target << " but saw "
-        << report.observed << " after " << s.options.timeout_seconds << " s (" << s.options.describe() << ")";
+    throw Error("fused forward: rank " + to_string(report.waiter) + ", token " + to_string(report.index / k) +
+                ", slot " + to_string(report.index % k) + ": expert id " +
+                to_string(static_cast<int32_t>(report.observed)) + " is out of range [0, " +
+                to_string(s.config.num_experts) + ") or repeats an earlier slot of the token");
   }
-  throw Error(msg.str());
+  throw Error("fused forward stalled: rank " + to_string(report.waiter) + " waited on " +
+              protocol::counter_name(id) + "[" + to_string(report.index) + "] of rank " + to_string(report.owner) +
+              " for >= " + to_string(report.target) + " but saw " + to_string(report.observed) + " after " +
+              to_string(s.options.timeout_seconds) + " s (" + s.options.describe() + ")");
 }
 
 }  // namespace mok
