@@ -50,29 +50,37 @@ __device__ __forceinline__ uint32_t epilogue_pair(const float (&acc)[Cfg::kAccRe
   }
 }
 
-// Consumer warpgroup `consumer` writes its 64 rows of the tile.
-template <class Cfg>
-__device__ __forceinline__ void store_tile(const float (&acc)[Cfg::kAccRegs],
-                                           GemmSharedStorage<Cfg>& smem, int consumer,
-                                           const GemmTile& tile, uint16_t* out, int n_cols) {
+// A tile epilogue whose rows go wherever the caller says: row i of the tile
+// (0..BM-1) is stored at row_ptr(i) + column, or not at all when row_ptr(i)
+// is null. The routed down GEMM of the fused kernel uses it to put each
+// (token, slot) result straight into its home rank's combine row; contiguous
+// outputs are the special case below (store_tile).
+// Consumer warpgroup `consumer` stores its 64 rows; columns [col0, col0 +
+// kOutCols) of the tile, clipped to n_cols (a multiple of 64).
+template <class Cfg, class RowPtr>
+__device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs],
+                                                GemmSharedStorage<Cfg>& smem, int consumer,
+                                                int col0, int n_cols, const RowPtr& row_ptr) {
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   uint8_t* staging = smem.staging[consumer * 4 + warp];
-  // stmatrix: lane gives row (lane % 8) of matrix lane / 8; matrices are
-  // (rows 0-7, chunk c), (rows 8-15, chunk c), (rows 0-7, c+1), (rows 8-15, c+1).
   const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
   const int st_chunk = lane >> 4;
-  const int first_row = tile.row0 + consumer * 64 + warp * 16;
+  const int first_row = consumer * 64 + warp * 16;  // within the tile
+
+  // The four rows this lane stores, resolved once for every slab.
+  uint16_t* dst[4];
+#pragma unroll
+  for (int it = 0; it < 4; ++it) dst[it] = row_ptr(first_row + it * 4 + (lane >> 3));
 
 #pragma unroll
   for (int slab = 0; slab < Cfg::kOutCols / 64; ++slab) {
-    const int col0 = tile.n0 + slab * 64;
-    if (col0 >= n_cols) break;  // warp-uniform: N is a multiple of 64
+    const int c0 = col0 + slab * 64;
+    if (c0 >= n_cols) break;  // warp-uniform
 #pragma unroll
     for (int pair = 0; pair < 4; ++pair) {
       const int j = slab * 8 + 2 * pair;
       const int chunk = 2 * pair + st_chunk;
-      // 16-byte chunks XOR-swizzled by row: conflict-free stmatrix and reads.
       stmatrix_x4(staging + st_row * 128 + ((chunk ^ (st_row & 7)) * 16),
                   epilogue_pair<Cfg>(acc, j, 0), epilogue_pair<Cfg>(acc, j, 1),
                   epilogue_pair<Cfg>(acc, j + 1, 0), epilogue_pair<Cfg>(acc, j + 1, 1));
@@ -83,13 +91,22 @@ __device__ __forceinline__ void store_tile(const float (&acc)[Cfg::kAccRegs],
       const int r = it * 4 + (lane >> 3);
       const int c = lane & 7;
       const uint4 v = *reinterpret_cast<const uint4*>(staging + r * 128 + ((c ^ (r & 7)) * 16));
-      const int row = first_row + r;
-      if (row < tile.row_end) {
-        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_cols + col0 + c * 8) = v;
-      }
+      if (dst[it] != nullptr) *reinterpret_cast<uint4*>(dst[it] + c0 + c * 8) = v;
     }
     __syncwarp();
   }
+}
+
+// Consumer warpgroup `consumer` writes its 64 rows of the tile into the
+// row-major out[m_total, n_cols]: rows [tile.row0, tile.row_end) only.
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const float (&acc)[Cfg::kAccRegs],
+                                           GemmSharedStorage<Cfg>& smem, int consumer,
+                                           const GemmTile& tile, uint16_t* out, int n_cols) {
+  store_tile_rows<Cfg>(acc, smem, consumer, tile.n0, n_cols, [&](int i) -> uint16_t* {
+    const int row = tile.row0 + i;
+    return row < tile.row_end ? out + static_cast<int64_t>(row) * n_cols : nullptr;
+  });
 }
 
 }  // namespace mok::device

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "device/gemm/row_epilogue.cuh"
+#include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
