@@ -27,7 +27,7 @@ struct FusedForwardOptions {
                               // (capped at ring_slots; docs/protocol.md)
   int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 12 (at least 1)
-  double timeout_seconds = 10.0;  // a wait longer than this aborts the pass with an error
+  double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
 
   std::string describe() const;
 };
@@ -54,7 +54,9 @@ class FusedForward {
   FusedForward& operator=(const FusedForward&) = delete;
 
   // Enqueues one forward pass on `stream`; no host synchronisation. Throws
-  // mok::Error before launch on bad pointers.
+  // mok::Error before launch on bad pointers. One object serves one stream at
+  // a time (its workspace is reused by every pass), and its kernel needs every
+  // SM of the GPU at once (a cooperative launch: it fails rather than hang).
   void run(std::span<const RankTensors> ranks, CUstream_st* stream = nullptr);
 
   // Waits for `stream`, then throws mok::Error if the last pass aborted: a

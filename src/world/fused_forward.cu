@@ -120,7 +120,10 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
           "must be a positive multiple of 128 (the GEMM tile height)");
   require(o.ring_slots >= 1, "ring_slots", o.ring_slots, "must be >= 1");
   require(o.lookahead >= 1, "lookahead", o.lookahead, "must be >= 1");
-  require(o.timeout_seconds > 0, "timeout_seconds", o.timeout_seconds, "must be > 0");
+  // Above 8 s the kernel's 10 s mbarrier trap (ptx/async_copy.cuh) could fire
+  // before a protocol wait reports its stall.
+  require(o.timeout_seconds > 0 && o.timeout_seconds <= 8, "timeout_seconds", o.timeout_seconds,
+          "must be in (0, 8]");
 
   MOK_CUDA_CHECK(cudaGetDevice(&s.device));
   int sms = 0;
@@ -137,8 +140,11 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   const int H = config.hidden, I = config.intermediate, S = config.shared_width(), k = config.top_k;
   const int El = config.experts_per_rank();
   const int64_t ring_rows = static_cast<int64_t>(o.ring_slots) * o.minibatch_rows;
-  // Worst case of one rank's schedule: every token of the world on its experts.
-  const int64_t row_capacity = config.total_tokens() * std::min(k, El) + static_cast<int64_t>(El) * (kTileM - 1);
+  // Worst case of one rank's schedule: every (token, slot) entry of the world
+  // on its experts -- an upper bound even for invalid routing (repeated ids on
+  // another rank are caught by that rank, but this rank has already counted
+  // them), so the schedule can never run past its buffer.
+  const int64_t row_capacity = config.total_tokens() * k + static_cast<int64_t>(El) * (kTileM - 1);
 
   s.layouts.resize(R);
   s.rank_memory.assign(R, nullptr);
@@ -239,6 +245,7 @@ void FusedForward::run(std::span<const RankTensors> ranks, CUstream_st* stream) 
   }
 
   FusedForwardParams& p = s.params;
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   for (int r = 0; r < R; ++r) {
     RankView& v = p.ranks[r];
     v.x = static_cast<const uint16_t*>(ranks[r].x);
@@ -273,12 +280,14 @@ void FusedForward::run(std::span<const RankTensors> ranks, CUstream_st* stream) 
         maps[device::kMapSharedW2] = encode("shared w2", t.shared_w2, 3, {cuuint64_t(S), cuuint64_t(H), 1, 1},
                                             {s2, s2 * H, 0}, {64, 256, 1, 1});
       }
-      MOK_CUDA_CHECK(cudaMemcpy(const_cast<CUtensorMap*>(v.maps), maps.data(), sizeof(maps), cudaMemcpyHostToDevice));
+      // Ordered on the pass's stream, so a pass still running keeps its maps; a
+      // pageable source is staged before the call returns.
+      MOK_CUDA_CHECK(cudaMemcpyAsync(const_cast<CUtensorMap*>(v.maps), maps.data(), sizeof(maps),
+                                     cudaMemcpyHostToDevice, st));
     }
     s.last_tensors.assign(ranks.begin(), ranks.end());
   }
 
-  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   // Counters start at zero every pass (a few KB per rank).
   MOK_CUDA_CHECK(cudaMemsetAsync(s.world_words, 0, 64, st));
   for (int r = 0; r < R; ++r) {
@@ -286,10 +295,20 @@ void FusedForward::run(std::span<const RankTensors> ranks, CUstream_st* stream) 
     MOK_CUDA_CHECK(cudaMemsetAsync(s.rank_memory[r] + L.counters, 0,
                                    protocol::counter_words(L.geometry) * sizeof(uint32_t), st));
   }
-  const dim3 grid(static_cast<unsigned>(R * s.options.ctas_per_rank));
-  device::fused_forward_kernel<cuda::thread_scope_device>
-      <<<grid, device::kFusedThreads, device::fused_smem_bytes(), st>>>(p);
-  MOK_CUDA_CHECK(cudaGetLastError());
+  // A cooperative launch: it fails cleanly instead of starting when the grid
+  // cannot be resident all at once (other work on the GPU, MPS limits), which
+  // the protocol's progress argument needs (docs/protocol.md).
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(static_cast<unsigned>(R * s.options.ctas_per_rank));
+  launch.blockDim = dim3(device::kFusedThreads);
+  launch.dynamicSmemBytes = static_cast<size_t>(device::fused_smem_bytes());
+  launch.stream = st;
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  launch.attrs = &cooperative;
+  launch.numAttrs = 1;
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&launch, device::fused_forward_kernel<cuda::thread_scope_device>, p));
 }
 
 void FusedForward::check(CUstream_st* stream) {

@@ -211,4 +211,29 @@ TEST(FusedForward, BadExpertIdsAreErrorsNamingRankTokenAndSlot) {
   expect_close_to_reference(good.download_outputs(), reference_out(layer));
 }
 
+TEST(FusedForward, RepeatedIdsOnOneRankNeverOverrunAnotherRanksSchedule) {
+  MOK_REQUIRE_HOPPER();
+  // small at R = 8: one expert per rank, top-2. Every token of rank 3 names
+  // expert 0 twice: rank 0 counts two rows per such token before rank 3's own
+  // check aborts the pass. The error must be clean, and the next pass right.
+  const auto config = mok::make_config(mok::find_shape("small"), 8, 64);
+  mok::FusedForward forward(config, small_ring(128, 2));
+  auto layer = mok::synthetic::make_layer(config, 4);
+  for (int32_t& id : layer.expert_ids[3]) id = 0;
+  DeviceLayer bad(layer);
+  forward.run(bad.tensors());
+  try {
+    forward.check();
+    ADD_FAILURE() << "no error";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3, token "), std::string::npos) << e.what();
+  }
+  const auto good_layer = mok::synthetic::make_layer(config, 4);
+  DeviceLayer good(good_layer);
+  good.poison_outputs();
+  forward.run(good.tensors());
+  forward.check();
+  expect_close_to_reference(good.download_outputs(), reference_out(good_layer));
+}
+
 }  // namespace

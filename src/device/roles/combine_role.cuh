@@ -53,7 +53,8 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
                                     ctx.rank, owner);
     }
   }
-  ok = __shfl_sync(0xffffffffu, ok, 0);  // also orders the lanes' reads after lane 0's acquires
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  __syncwarp();  // orders the other lanes' reads after lane 0's acquires
   if (!ok) return false;
 
   const int k = ctx.params.top_k;

@@ -219,6 +219,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         bool free = true;
         if (lane == 0) free = protocol::wait_h_free(ctx.sync, v.counters, g, task.minibatch, ctx.rank);
         free = __shfl_sync(0xffffffffu, free, 0);
+        __syncwarp();  // the lanes' h stores come after lane 0's acquire
         ok = ok && free;
         const int32_t row0 = task.row0;
         store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),

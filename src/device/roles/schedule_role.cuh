@@ -99,10 +99,11 @@ __device__ __forceinline__ bool build_schedule(RoleContext<kScope>& ctx, int war
       protocol::signal_schedule_counted(ctx.sync, ctx.counters());
     }
   }
-  // Lane 0 waits; __syncwarp orders the other lanes' reads after its acquire.
+  // Lane 0 waits and broadcasts the outcome.
   bool ok = true;
   if (lane == 0) ok = protocol::wait_schedule_counted(ctx.sync, ctx.counters(), num_local, ctx.rank);
   ok = __shfl_sync(0xffffffffu, ok, 0);
+  __syncwarp();  // orders the other lanes' reads after lane 0's acquire
   if (!ok) return false;
 
   const int32_t tile_m = ctx.params.tile_m;
