@@ -16,8 +16,9 @@ namespace mok {
 class DeviceLayer {
  public:
   // Uploads x, routing and weights (rank r gets experts [r*E/R, (r+1)*E/R)) and
-  // allocates each rank's output.
-  explicit DeviceLayer(const synthetic::Layer& layer);
+  // allocates each rank's output: all on the current GPU, or rank r's on
+  // devices[r] when `devices` is given (a peer world; shared weights per GPU).
+  explicit DeviceLayer(const synthetic::Layer& layer, const std::vector<int>& devices = {});
   ~DeviceLayer();
   DeviceLayer(const DeviceLayer&) = delete;
   DeviceLayer& operator=(const DeviceLayer&) = delete;

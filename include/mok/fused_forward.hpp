@@ -3,16 +3,21 @@
 // SwiGLU, down, combine into home-rank rows, shared expert, fp32 weighted sum.
 // Host API only.
 //
-// Today's world is the *virtual* one: R ranks as R partitions of the SMs of one
-// GPU, each with its own buffers, reading its peers only through the world's
-// pointer table, exactly as it would read peers over NVLink. Real multi-GPU
-// worlds plug into the same kernel through that table (docs/architecture.md).
+// Two worlds run the same kernel through the same pointer table:
+// - the *virtual* world (options.devices empty): R ranks as R partitions of the
+//   SMs of the current GPU, each with its own buffers, reading its peers only
+//   through the table, exactly as it would read peers over NVLink;
+// - the *peer* world (options.devices = one GPU per rank): one process drives
+//   every GPU, with peer access enabled between all of them; rank r's
+//   workspace lives on devices[r], one launch per GPU, counters at system scope.
+// (One process per GPU under torchrun is the next world; docs/architecture.md.)
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "mok/layer_config.hpp"
 
@@ -28,6 +33,7 @@ struct FusedForwardOptions {
   int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 12 (at least 1)
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
+  std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
 
   std::string describe() const;
 };
@@ -57,17 +63,26 @@ class FusedForward {
   // mok::Error before launch on bad pointers. One object serves one stream at
   // a time (its workspace is reused by every pass), and its kernel needs every
   // SM of the GPU at once (a cooperative launch: it fails rather than hang).
+  // In a peer world the pass runs on each GPU's legacy default stream.
   void run(std::span<const RankTensors> ranks, CUstream_st* stream = nullptr);
+  // Peer world: streams[r] is a stream of devices[r] (null: its default
+  // stream). The GPUs order themselves with events, never the host: a pass
+  // starts on any GPU only after every GPU finished the previous one and
+  // zeroed its counters.
+  void run(std::span<const RankTensors> ranks, std::span<CUstream_st* const> streams);
 
-  // Waits for `stream`, then throws mok::Error if the last pass aborted: a
-  // stalled wait (names the counter, ranks, target and observed value) or a
-  // bad routing entry (names rank, token, slot and the id).
+  // Waits for the pass, then throws mok::Error if it aborted: a stalled wait
+  // (names the counter, ranks, target and observed value) or a bad routing
+  // entry (names rank, token, slot and the id).
   void check(CUstream_st* stream = nullptr);
+  void check(std::span<CUstream_st* const> streams);
 
   const LayerConfig& config() const;
   const FusedForwardOptions& options() const;  // with the defaults resolved
 
  private:
+  void check_report();  // throws if the world's stall report is set
+
   struct State;
   std::unique_ptr<State> state_;
 };

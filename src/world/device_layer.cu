@@ -42,13 +42,21 @@ struct DeviceLayer::Buffers {
   }
 };
 
-DeviceLayer::DeviceLayer(const synthetic::Layer& layer) : buffers_(std::make_unique<Buffers>()) {
+DeviceLayer::DeviceLayer(const synthetic::Layer& layer, const std::vector<int>& devices)
+    : buffers_(std::make_unique<Buffers>()) {
   const LayerConfig& c = layer.config;
   const size_t H = c.hidden, I = c.intermediate, S = c.shared_width(), k = c.top_k;
   const size_t El = c.experts_per_rank();
-  const uint16_t* shared_w13 = S > 0 ? buffers_->upload_bf16(layer.shared_w13.data(), 2 * S * H) : nullptr;
-  const uint16_t* shared_w2 = S > 0 ? buffers_->upload_bf16(layer.shared_w2.data(), H * S) : nullptr;
+  int home = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&home));
+  const uint16_t* shared_w13 = nullptr;
+  const uint16_t* shared_w2 = nullptr;
   for (int r = 0; r < c.world_size; ++r) {
+    if (!devices.empty()) MOK_CUDA_CHECK(cudaSetDevice(devices.at(static_cast<size_t>(r))));
+    if (S > 0 && (r == 0 || !devices.empty())) {
+      shared_w13 = buffers_->upload_bf16(layer.shared_w13.data(), 2 * S * H);
+      shared_w2 = buffers_->upload_bf16(layer.shared_w2.data(), H * S);
+    }
     const size_t T = c.tokens_per_rank[r];
     RankTensors t;
     t.x = buffers_->upload_bf16(layer.x[r].data(), T * H);
@@ -61,6 +69,7 @@ DeviceLayer::DeviceLayer(const synthetic::Layer& layer) : buffers_(std::make_uni
     t.shared_w2 = shared_w2;
     tensors_.push_back(t);
   }
+  MOK_CUDA_CHECK(cudaSetDevice(home));
 }
 
 DeviceLayer::~DeviceLayer() = default;

@@ -1,5 +1,6 @@
-// The fused forward: one persistent kernel for a whole world of ranks. Block
-// b serves rank b / ctas_per_rank; of a rank's CTAs the first
+// The fused forward: one persistent kernel for the ranks of a world that one
+// GPU serves (all of them in the virtual world, one in a peer world). Block b
+// serves rank first_rank + b / ctas_per_rank; of a rank's CTAs the first
 // comm_ctas_per_rank build the schedule and pull the rows (dispatch), the
 // others run GEMM tasks; then every warp of the rank joins the combine.
 // Setup and role dispatch only: the dataflow is in the roles and in
@@ -36,9 +37,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
-  const int rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
+  const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
   const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
-  if (rank >= params.world_size) return;  // SMs left over by the partition
+  if (launch_rank >= params.launch_ranks) return;  // SMs left over by the partition
+  const int rank = params.first_rank + launch_rank;
 
   RoleContext<kScope> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;

@@ -50,6 +50,11 @@ struct RankView {
 struct FusedForwardParams {
   RankView ranks[kMaxWorldSize];
   int32_t world_size;
+  // The ranks this launch serves: [first_rank, first_rank + launch_ranks).
+  // Virtual world: one launch serves every rank. Peer world: one launch per
+  // GPU, each serving its own rank.
+  int32_t first_rank;
+  int32_t launch_ranks;
   int32_t hidden;        // H
   int32_t intermediate;  // I
   int32_t shared_width;  // S (0: no shared expert)
