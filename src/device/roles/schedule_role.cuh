@@ -1,6 +1,9 @@
 // The schedule, built inside the pass by the rank's dispatch CTAs: the device
-// form of src/plan/schedule_rules.hpp (same rule, same result, tested against
-// it). Warp w of the W dispatch warps owns local experts w, w + W, ...
+// form of src/plan/schedule_rules.hpp (same rule: rows of each local expert in
+// (home rank, token) order, padded at the expert's end). It is checked through
+// its results -- outputs against the CPU reference, which walks the host
+// schedule, and bitwise equality across world sizes -- not yet row by row.
+// Warp w of the W dispatch warps owns local experts w, w + W, ...
 //
 //   1. count: the expert's rows over every rank's routing (ballot over 32
 //      entries at a time, in global order); also validate this rank's own
