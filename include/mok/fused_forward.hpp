@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mok/layer_config.hpp"
+#include "mok/pass_trace.hpp"
 
 struct CUstream_st;
 
@@ -34,6 +35,7 @@ struct FusedForwardOptions {
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 12 (at least 1)
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
   std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
+  int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events (trace())
 
   std::string describe() const;
 };
@@ -76,6 +78,11 @@ class FusedForward {
   // entry (names rank, token, slot and the id).
   void check(CUstream_st* stream = nullptr);
   void check(std::span<CUstream_st* const> streams);
+
+  // The timeline of the last pass (options.trace_events > 0): waits for it,
+  // then returns its events in no particular order. Throws mok::Error if
+  // tracing is off or the pass recorded more events than trace_events.
+  std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
 
   const LayerConfig& config() const;
   const FusedForwardOptions& options() const;  // with the defaults resolved

@@ -31,6 +31,7 @@ enum class CounterId : uint32_t {
   kScheduleCounted = 8,
   kScheduleFilled = 9,
   kBadRouting = 10,  // not a counter: a routing entry the schedule rejected
+  kScheduleScanned = 11,
 };
 
 inline const char* counter_name(CounterId id) {
@@ -46,6 +47,7 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleCounted: return "schedule_counted";
     case CounterId::kScheduleFilled: return "schedule_filled";
     case CounterId::kBadRouting: return "bad routing entry";
+    case CounterId::kScheduleScanned: return "schedule_scanned";
   }
   return "unknown";
 }
@@ -70,8 +72,9 @@ struct ForwardCounters {
   uint32_t* shared_done;     // [1]
   uint32_t* down_done;       // [1]
   uint32_t* ticket;          // [1] next GEMM task
-  uint32_t* schedule_counted;  // [1] local experts whose rows are counted
-  uint32_t* schedule_filled;   // [1] local experts whose rows are written
+  uint32_t* schedule_counted;  // [1] schedule warps whose chunk is counted
+  uint32_t* schedule_scanned;  // [1] local experts whose chunk offsets and total are known
+  uint32_t* schedule_filled;   // [1] schedule warps whose chunk's rows are written
   uint32_t* abort;           // [1] nonzero once any wait of the world gave up
   StallReport* stall;        // [1]
 };
@@ -79,7 +82,7 @@ struct ForwardCounters {
 // Words of uint32_t the counters take; the caller zeroes them before a pass.
 MOK_HD size_t counter_words(const ForwardGeometry& g) {
   return 2 * static_cast<size_t>(g.ring_tiles()) + 2 * static_cast<size_t>(g.ring_slots) +
-         static_cast<size_t>(g.shared_m_tiles) + 6 + sizeof(StallReport) / sizeof(uint32_t);
+         static_cast<size_t>(g.shared_m_tiles) + 7 + sizeof(StallReport) / sizeof(uint32_t);
 }
 
 // Carves the counters out of `words` (counter_words(g) zeroed words). The
@@ -103,6 +106,7 @@ MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
   c.down_done = words++;
   c.ticket = words++;
   c.schedule_counted = words++;
+  c.schedule_scanned = words++;
   c.schedule_filled = words++;
   c.abort = world_abort != nullptr ? world_abort : words;
   ++words;
@@ -239,8 +243,9 @@ MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const Forward
 }
 
 // ---- the schedule (built inside the pass, per rank) -------------------------
-// One worker per local expert counts its rows, then (after every expert is
-// counted, so padded offsets are known) writes them.
+// W schedule warps each count one chunk of the world's routing entries; then
+// one warp per local expert scans its chunk counts; then every warp writes its
+// chunk's rows (src/device/roles/schedule_role.cuh).
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_schedule_counted(Sync& s, const ForwardCounters& c) {
@@ -248,19 +253,33 @@ MOK_HD void signal_schedule_counted(Sync& s, const ForwardCounters& c) {
 }
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
-MOK_HD bool wait_schedule_counted(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
-  return wait_at_least(s, c, c.schedule_counted, static_cast<uint32_t>(num_local), CounterId::kScheduleCounted, rank, rank, 0);
+MOK_HD bool wait_schedule_counted(Sync& s, const ForwardCounters& c, int32_t schedule_warps, int32_t rank) {
+  return wait_at_least(s, c, c.schedule_counted, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleCounted,
+                       rank, rank, 0);
+}
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD void signal_schedule_scanned(Sync& s, const ForwardCounters& c, uint32_t experts) {
+  s.add_release(c.schedule_scanned, experts);
+}
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD bool wait_schedule_scanned(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
+  return wait_at_least(s, c, c.schedule_scanned, static_cast<uint32_t>(num_local), CounterId::kScheduleScanned,
+                       rank, rank, 0);
 }
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD void signal_schedule_filled(Sync& s, const ForwardCounters& c) {
   s.add_release(c.schedule_filled, 1u);
 }
-// Every reader of the schedule (dispatch, routed GEMM tasks) waits for this.
+// Every reader of the schedule (dispatch, routed GEMM tasks, combines reading
+// an owner's padded size) waits for this.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
-MOK_HD bool wait_schedule_filled(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
-  return wait_at_least(s, c, c.schedule_filled, static_cast<uint32_t>(num_local), CounterId::kScheduleFilled, rank, rank, 0);
+MOK_HD bool wait_schedule_filled(Sync& s, const ForwardCounters& c, int32_t schedule_warps, int32_t rank) {
+  return wait_at_least(s, c, c.schedule_filled, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleFilled,
+                       rank, rank, 0);
 }
 
 // A routing entry that names no expert, or one the token already named:

@@ -43,7 +43,8 @@ struct Carver {
 };
 
 struct RankLayout {
-  size_t ring_x, ring_h, combine, shared_h, shared_out, expert_rows, expert_offset, rows, counters, maps;
+  size_t ring_x, ring_h, combine, shared_h, shared_out, expert_rows, expert_offset, rows, schedule_hist, counters,
+      maps;
   size_t bytes;
   protocol::ForwardGeometry geometry;  // padded_rows unknown (0): sizes only
   int64_t row_capacity;
@@ -135,6 +136,7 @@ struct FusedForward::State {
   std::vector<RankLayout> layouts;
   std::vector<uint8_t*> rank_memory;
   uint32_t* world_words = nullptr;  // on rank 0's GPU: [0] abort, [1..] StallReport
+  uint8_t* trace_memory = nullptr;  // on rank 0's GPU: the event count, then the events
   FusedForwardParams params{};
   std::vector<RankTensors> last_tensors;  // tensor maps were built for these
   // Peer world: per rank, "everything before this pass is done" and
@@ -153,6 +155,10 @@ struct FusedForward::State {
     if (world_words != nullptr) {
       cudaSetDevice(rank_device[0]);
       cudaFree(world_words);
+    }
+    if (trace_memory != nullptr) {
+      cudaSetDevice(rank_device[0]);
+      cudaFree(trace_memory);
     }
   }
 
@@ -173,6 +179,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   require(config.top_k <= device::kMaxTopK, "top_k", config.top_k, "the fused forward supports top_k <= 16");
   require(config.hidden * 2 <= static_cast<int>(device::kCopySlotBytes), "hidden", config.hidden,
           "the fused forward supports hidden <= 8192");
+  require(config.experts_per_rank() <= device::kMaxScheduleExperts, "num_experts / world_size",
+          config.experts_per_rank(), "the fused forward supports at most 1024 experts per rank");
   require(o.minibatch_rows >= kTileM && o.minibatch_rows % kTileM == 0, "minibatch_rows", o.minibatch_rows,
           "must be a positive multiple of 128 (the GEMM tile height)");
   require(o.ring_slots >= 1, "ring_slots", o.ring_slots, "must be >= 1");
@@ -181,6 +189,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   // before a protocol wait reports its stall.
   require(o.timeout_seconds > 0 && o.timeout_seconds <= 8, "timeout_seconds", o.timeout_seconds,
           "must be in (0, 8]");
+  require(o.trace_events >= 0, "trace_events", o.trace_events, "must be >= 0 (0: no trace)");
 
   const int R = config.world_size;
   s.peer_world = !o.devices.empty();
@@ -233,6 +242,9 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   {
     DeviceScope on(s.rank_device[0]);
     MOK_CUDA_CHECK(cudaMalloc(&s.world_words, 64));
+    if (o.trace_events > 0) {
+      MOK_CUDA_CHECK(cudaMalloc(&s.trace_memory, 256 + static_cast<size_t>(o.trace_events) * sizeof(TraceEvent)));
+    }
   }
   if (s.peer_world) {
     // Every GPU reads and writes every other's buffers: peer access both ways.
@@ -275,6 +287,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     L.expert_rows = c.take<int32_t>(El);
     L.expert_offset = c.take<int32_t>(El + 1);
     L.rows = c.take<RowSource>(static_cast<size_t>(row_capacity));
+    L.schedule_hist = c.take<int32_t>(static_cast<size_t>(o.comm_ctas_per_rank) * device::kScheduleWarpsPerCta * El);
     L.counters = c.take<uint32_t>(protocol::counter_words(g));
     L.maps = c.take<CUtensorMap>(device::kNumMaps);
     L.bytes = align_up(c.offset, 1024);
@@ -305,6 +318,11 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   p.ctas_per_rank = o.ctas_per_rank;
   p.comm_ctas_per_rank = o.comm_ctas_per_rank;
   p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
+  if (s.trace_memory != nullptr) {
+    p.trace_count = reinterpret_cast<uint32_t*>(s.trace_memory);
+    p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + 256);
+    p.trace_capacity = static_cast<uint32_t>(o.trace_events);
+  }
   auto* abort = s.world_words;
   auto* stall = reinterpret_cast<protocol::StallReport*>(s.world_words + 1);
   for (int r = 0; r < R; ++r) {
@@ -320,6 +338,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows);
     v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset);
     v.rows = reinterpret_cast<RowSource*>(base + L.rows);
+    v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist);
     v.counters = protocol::carve_counters(L.geometry, reinterpret_cast<uint32_t*>(base + L.counters), abort, stall);
     v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps);
   }
@@ -441,6 +460,7 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
       for (int r = 0; r < R; ++r) s.upload_maps(ranks, r, st);
     }
     for (int r = 0; r < R; ++r) s.zero_counters(r, st);
+    if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), st));
     launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, st);
   } else {
     auto stream_of = [&](int r) { return reinterpret_cast<cudaStream_t>(streams[r]); };
@@ -459,6 +479,9 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
       }
       if (maps_changed) s.upload_maps(ranks, r, stream_of(r));
       s.zero_counters(r, stream_of(r));
+      if (r == 0 && s.trace_memory != nullptr) {
+        MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), stream_of(r)));
+      }
       MOK_CUDA_CHECK(cudaEventRecord(s.zeroed[r], stream_of(r)));
     }
     // 3. Once every GPU's counters are zero, every GPU starts its rank.
@@ -517,6 +540,25 @@ void FusedForward::check_report() {
               protocol::counter_name(id) + "[" + to_string(report.index) + "] of rank " + to_string(report.owner) +
               " for >= " + to_string(report.target) + " but saw " + to_string(report.observed) + " after " +
               to_string(s.options.timeout_seconds) + " s (" + s.options.describe() + ")");
+}
+
+std::vector<TraceEvent> FusedForward::trace(CUstream_st* stream) {
+  State& s = *state_;
+  if (s.trace_memory == nullptr) throw Error("trace: tracing is off (set FusedForwardOptions::trace_events)");
+  check(stream);
+  DeviceScope on(s.rank_device[0]);
+  uint32_t count = 0;
+  MOK_CUDA_CHECK(cudaMemcpy(&count, s.trace_memory, sizeof(count), cudaMemcpyDeviceToHost));
+  if (count > static_cast<uint32_t>(s.options.trace_events)) {
+    throw Error("trace: the pass recorded " + std::to_string(count) + " events, more than trace_events = " +
+                std::to_string(s.options.trace_events) + "; raise it");
+  }
+  std::vector<TraceEvent> events(count);
+  if (count > 0) {
+    MOK_CUDA_CHECK(cudaMemcpy(events.data(), s.trace_memory + 256, count * sizeof(TraceEvent),
+                              cudaMemcpyDeviceToHost));
+  }
+  return events;
 }
 
 }  // namespace mok

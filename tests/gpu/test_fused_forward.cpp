@@ -148,6 +148,65 @@ TEST(FusedForward, BitwiseIdenticalAcrossWorldSizesRingsMinibatchesAndSmSplits) 
   }
 }
 
+TEST(FusedForward, TracingRecordsEveryTaskAndLeavesTheOutputBitwiseUnchanged) {
+  MOK_REQUIRE_HOPPER();
+  const mok::LayerConfig config = mok::make_config(mok::find_shape("small"), 2, 200);
+  const auto layer = mok::synthetic::make_layer(config, 17, RoutingMode::kUniform);
+  DeviceLayer device(layer);
+  mok::FusedForwardOptions plain = small_ring(256, 2);
+  const std::vector<uint16_t> want = run_fused(device, config, plain);
+
+  mok::FusedForwardOptions traced_options = plain;
+  traced_options.trace_events = 1 << 16;
+  mok::FusedForward traced(config, traced_options);
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass's trace starts from zero again
+    device.poison_outputs();
+    traced.run(device.tensors());
+    const std::vector<mok::TraceEvent> events = traced.trace();
+    EXPECT_EQ(device.download_outputs(), want) << "pass " << pass;
+
+    // Every GEMM task of every rank: one task wait, mainloop, epilogue and signal.
+    const auto schedule = mok::build_schedule(config, layer.routing(), {128, 1});
+    int64_t tasks = 0, m_tiles = 0;
+    for (const auto& rank : schedule.ranks) {
+      const int64_t tiles = rank.padded_rows() / 128;
+      const int64_t shared_tiles = (config.tokens_per_rank[rank.rank] + 127) / 128;
+      m_tiles += tiles;
+      const int64_t down_n = (config.hidden + 255) / 256;
+      tasks += tiles * ((config.intermediate + 127) / 128 + down_n) +
+               shared_tiles * ((config.shared_width() + 127) / 128 + down_n);
+    }
+    int64_t waits = 0, mainloops = 0, epilogues = 0, signals = 0, copies = 0;
+    for (const mok::TraceEvent& e : events) {
+      EXPECT_LE(e.begin_ns, e.end_ns);
+      EXPECT_LT(e.rank, config.world_size);
+      const auto kind = static_cast<mok::TraceKind>(e.kind);
+      waits += kind == mok::TraceKind::kTaskWait;
+      mainloops += kind == mok::TraceKind::kMainloop;
+      epilogues += kind == mok::TraceKind::kEpilogue;
+      signals += kind == mok::TraceKind::kSignal;
+      copies += kind == mok::TraceKind::kDispatchCopy;
+    }
+    EXPECT_EQ(waits, tasks);
+    EXPECT_EQ(mainloops, tasks);
+    EXPECT_EQ(epilogues, tasks);
+    EXPECT_EQ(signals, tasks);
+    EXPECT_EQ(copies, m_tiles);  // one per m-tile of every rank
+    const mok::TraceSummary summary = mok::summarize_trace(events);
+    EXPECT_GT(summary.span_us, 0);
+    EXPECT_NEAR(summary.mainloop_share + summary.epilogue_share + summary.head_share + summary.gap_share +
+                    summary.tail_share,
+                1.0, 1e-9);
+  }
+  mok::FusedForwardOptions tiny = plain;
+  tiny.trace_events = 3;
+  mok::FusedForward overflowing(config, tiny);
+  overflowing.run(device.tensors());
+  EXPECT_THROW(overflowing.trace(), mok::Error);
+  mok::FusedForward untraced(config, plain);
+  EXPECT_THROW(untraced.trace(), mok::Error);
+}
+
 TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   MOK_REQUIRE_HOPPER();
   const auto config = mok::make_config(mok::find_shape("small"), 2, 16);

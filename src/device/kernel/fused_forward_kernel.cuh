@@ -18,16 +18,24 @@
 #include "device/roles/gemm_role.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/roles/schedule_role.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
 inline constexpr int kFusedThreads = FusedPlainCfg::kThreads;  // 1 producer + 2 consumer warpgroups
 inline constexpr int kFusedWarps = kFusedThreads / 32;
 inline constexpr int kGemmCombineWarps = 8;  // the consumer warps
+static_assert(kFusedWarps == kScheduleWarpsPerCta, "every warp of a dispatch CTA builds the schedule");
 
+template <class A, class B>
+constexpr size_t max_size() { return sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B); }
+
+// A dispatch CTA's schedule counters and its copy slots share the memory: the
+// copies start only once every schedule warp of the rank is done.
 constexpr int fused_smem_bytes() {
-  return static_cast<int>(sizeof(FusedGemmShared) > sizeof(DispatchShared) ? sizeof(FusedGemmShared)
-                                                                             : sizeof(DispatchShared)) +
+  return static_cast<int>(max_size<FusedGemmShared, DispatchShared>() > sizeof(ScheduleShared)
+                              ? max_size<FusedGemmShared, DispatchShared>()
+                              : sizeof(ScheduleShared)) +
          1024;
 }
 
@@ -49,12 +57,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   if (cta < comm) {
     auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
-    const bool scheduled = build_schedule(ctx, cta * kFusedWarps + warp, comm * kFusedWarps);
+    const uint64_t start = trace_now();
+    const bool scheduled =
+        build_schedule(ctx, *reinterpret_cast<ScheduleShared*>(smem), cta * kFusedWarps + warp, comm * kFusedWarps);
+    if (threadIdx.x == 0) trace_record(params, TraceKind::kSchedule, cta, rank, start, trace_now());
     // Every copy warp enters dispatch whatever its own schedule work returned:
     // dispatch's named barriers count all of them, and its first wait sees an
     // abort for everyone at once (a warp skipping it would hang the others).
     const bool dispatched = dispatch(ctx, dispatch_smem, cta);
-    if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps);
+    if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps, warp == kFusedWarps - 1);
     return;
   }
 
@@ -78,7 +89,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
     const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);
     const int gemm_cta = cta - comm;
-    if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps);
+    if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
   }
 }
 

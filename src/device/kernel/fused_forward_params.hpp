@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "mok/layer_config.hpp"
+#include "mok/pass_trace.hpp"
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
 
@@ -43,6 +44,7 @@ struct RankView {
   int32_t* expert_rows;    // [El] schedule: real rows per local expert
   int32_t* expert_offset;  // [El + 1] padded offsets
   RowSource* rows;         // [row capacity] the schedule
+  int32_t* schedule_hist;  // [schedule warps, El] chunk counts, then their exclusive scans
   protocol::ForwardCounters counters;
   const CUtensorMap* maps;  // [kNumMaps]
 };
@@ -67,6 +69,10 @@ struct FusedForwardParams {
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
   uint64_t timeout_ns;
+  // The pass trace (include/mok/pass_trace.hpp); null when tracing is off.
+  TraceEvent* trace;
+  uint32_t* trace_count;  // events appended (may exceed the capacity)
+  uint32_t trace_capacity;
 };
 
 }  // namespace mok::device

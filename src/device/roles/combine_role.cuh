@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "device/roles/role_context.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
@@ -34,18 +35,23 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
   return packed;
 }
 
+inline constexpr int kCombineBatch = 8;
+static_assert(kMaxTopK % kCombineBatch == 0);
+
 // `warp` and `warps` number the participating warps of this rank.
+// `tracer`: this warp stamps the trace for its CTA.
 template <cuda::thread_scope kScope>
-__device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int warps) {
+__device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int warps, bool tracer) {
   const int lane = threadIdx.x % 32;
   const RankView& v = ctx.view();
   bool ok = true;
+  const uint64_t wait_begin = trace_now();
   if (lane == 0) {
     ok = protocol::wait_shared_done(ctx.sync, ctx.counters(), ctx.geometry(0), ctx.rank);
     for (int owner = 0; ok && owner < ctx.params.world_size; ++owner) {
       const RankView& o = ctx.params.ranks[owner];
       // The owner's padded rows are final once its schedule is; wait for that first.
-      ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.params.num_local_experts, owner);
+      ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.schedule_warps(), owner);
       if (!ok) break;
       const int32_t padded = __ldcg(&o.expert_offset[ctx.params.num_local_experts]);
       RoleContext<kScope> owner_ctx{ctx.params, owner, ctx.sync};
@@ -56,6 +62,7 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // orders the other lanes' reads after lane 0's acquires
   if (!ok) return false;
+  const uint64_t work_begin = trace_now();
 
   const int k = ctx.params.top_k;
   const int H = ctx.params.hidden;
@@ -67,23 +74,37 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
     const uint16_t* y0 = v.combine + static_cast<int64_t>(t) * k * H;
     for (int c = lane * 8; c < H; c += 32 * 8) {
       float acc[8];
-      if (has_shared) {
-        unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(v.shared_out + static_cast<int64_t>(t) * H + c)), acc);
-      } else {
+      unpack_bf16x8(has_shared ? __ldcg(reinterpret_cast<const uint4*>(v.shared_out + static_cast<int64_t>(t) * H + c))
+                               : make_uint4(0, 0, 0, 0),  // +0.0 without a shared expert
+                    acc);
+      // Slots in batches of kCombineBatch: each batch's loads are issued
+      // together (one memory latency per batch, not per slot), then summed
+      // in slot order.
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      }
+      for (int j0 = 0; j0 < kMaxTopK; j0 += kCombineBatch) {
+        if (j0 < k) {
+          uint4 raw[kCombineBatch];
 #pragma unroll
-      for (int j = 0; j < kMaxTopK; ++j) {
-        if (j < k) {
-          float y[8];
-          unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(y0 + static_cast<int64_t>(j) * H + c)), y);
+          for (int j = 0; j < kCombineBatch; ++j) {
+            if (j0 + j < k) raw[j] = __ldcg(reinterpret_cast<const uint4*>(y0 + static_cast<int64_t>(j0 + j) * H + c));
+          }
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[j], y[i], acc[i]);
+          for (int j = 0; j < kCombineBatch; ++j) {
+            if (j0 + j < k) {
+              float y[8];
+              unpack_bf16x8(raw[j], y);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[j0 + j], y[i], acc[i]);
+            }
+          }
         }
       }
       *reinterpret_cast<uint4*>(v.out + static_cast<int64_t>(t) * H + c) = pack_bf16x8(acc);
     }
+  }
+  if (tracer && lane == 0) {
+    trace_record(ctx.params, TraceKind::kCombineWait, 0, ctx.rank, wait_begin, work_begin);
+    trace_record(ctx.params, TraceKind::kCombine, 0, ctx.rank, work_begin, trace_now());
   }
   return true;
 }

@@ -13,6 +13,7 @@
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"
 #include "device/roles/role_context.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
@@ -88,7 +89,7 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
   }
   bool ok = true;
   if (threadIdx.x == 0) {
-    ok = protocol::wait_schedule_filled(ctx.sync, ctx.counters(), ctx.params.num_local_experts, ctx.rank);
+    ok = protocol::wait_schedule_filled(ctx.sync, ctx.counters(), ctx.schedule_warps(), ctx.rank);
   }
   __shared__ int32_t shared_padded, shared_flag;
   if (threadIdx.x == 0) shared_padded = ok ? ctx.padded_rows() : -1;
@@ -101,9 +102,13 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
   const int ctas = ctx.params.comm_ctas_per_rank;
   for (int32_t m_tile = cta; m_tile < g.m_tiles(); m_tile += ctas) {
     const int32_t mb = m_tile / g.tiles_per_minibatch();
+    const uint64_t wait_begin = trace_now();
+    uint64_t copy_begin = 0;
     if (threadIdx.x == 0) {
       ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, mb, ctx.rank);
       shared_flag = ok ? 1 : -1;
+      copy_begin = trace_now();
+      trace_record(ctx.params, TraceKind::kDispatchWait, m_tile, ctx.rank, wait_begin, copy_begin);
       // Earlier TMA reads of this slot (async proxy) are ordered before our writes.
       fence_proxy_async_global();
     }
@@ -114,6 +119,7 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
     if (threadIdx.x == 0) {
       fence_proxy_async_global();
       protocol::signal_tile_filled(ctx.sync, ctx.counters(), g, m_tile);
+      trace_record(ctx.params, TraceKind::kDispatchCopy, m_tile, ctx.rank, copy_begin, trace_now());
     }
   }
   return true;

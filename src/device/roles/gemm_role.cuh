@@ -22,6 +22,7 @@
 #include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/roles/role_context.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
@@ -47,6 +48,9 @@ struct FusedGemmShared {
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
+  // Trace stamps of the consumers' current task (kept here, not in registers,
+  // which the accumulators need).
+  uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
 };
 
 __device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
@@ -79,11 +83,12 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
 
   for (;;) {
     GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0};
+    const uint64_t wait_begin = trace_now();
     if (ctx.sync.load_relaxed(v.counters.abort) == 0) {
       const int64_t ticket = protocol::take_ticket(ctx.sync, v.counters);
       bool ok = true;
       if (ticket >= shared_tasks && !have_schedule) {
-        ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.params.num_local_experts, ctx.rank);
+        ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
         if (ok) g = ctx.geometry(ctx.padded_rows());
         have_schedule = true;
       }
@@ -114,6 +119,10 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
         if (!ok) task.kind = TaskKind::kNone;
         // What the flags guard was written by generic or bulk stores; our reads are TMA.
         fence_proxy_async_global();
+        if (task.kind != TaskKind::kNone) {
+          trace_record(ctx.params, TraceKind::kTaskWait, static_cast<int32_t>(task.kind), ctx.rank, wait_begin,
+                       trace_now());
+        }
       }
     }
     // Post the task.
@@ -177,6 +186,9 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       phase ^= 1u;
     }
     if (task.kind == TaskKind::kNone) return ok;
+    // One thread of the CTA stamps the consumers' timeline.
+    const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
+    if (tracer) smem.trace_task_begin = trace_now();
     const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
     if (routed && !have_schedule) {
       // The producer acquired the schedule before posting this task.
@@ -194,6 +206,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     } else {
       mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc);
     }
+    if (tracer) smem.trace_mainloop_end = trace_now();
 
     const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
     const int top_k = ctx.params.top_k;
@@ -241,6 +254,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       }
       case TaskKind::kNone: break;
     }
+    if (tracer) smem.trace_stores_end = trace_now();
     // h and shared_h are read next by TMA (async proxy) on other SMs.
     fence_proxy_async_global();
     named_barrier_sync(kBarrierConsumers, 256);
@@ -258,6 +272,14 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
           break;
         case TaskKind::kNone: break;
       }
+    }
+    if (tracer) {
+      trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_task_begin, smem.trace_mainloop_end);
+      trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_mainloop_end, smem.trace_stores_end);
+      trace_record(ctx.params, TraceKind::kSignal, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_stores_end, trace_now());
     }
   }
 }

@@ -26,6 +26,10 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Warps per dispatch CTA, every one of which builds a share of the schedule
+// (the fused kernel's CTA size; static_assert there).
+inline constexpr int kScheduleWarpsPerCta = 12;
+
 // Largest top-k the fused kernel's combine holds in registers.
 inline constexpr int kMaxTopK = 16;
 
@@ -61,6 +65,9 @@ struct RoleContext {
     g.shared_down_n_tiles = g.down_n_tiles;
     return g;
   }
+
+  // Warps that build a rank's schedule (the same on every rank).
+  __device__ int32_t schedule_warps() const { return params.comm_ctas_per_rank * kScheduleWarpsPerCta; }
 
   // Padded rows of this rank's schedule; valid after wait_schedule_filled.
   __device__ int32_t padded_rows() const {

@@ -1,16 +1,29 @@
 // The schedule, built inside the pass by the rank's dispatch CTAs: the device
 // form of src/plan/schedule_rules.hpp (same rule: rows of each local expert in
-// (home rank, token) order, padded at the expert's end). It is checked through
-// its results -- outputs against the CPU reference, which walks the host
-// schedule, and bitwise equality across world sizes -- not yet row by row.
-// Warp w of the W dispatch warps owns local experts w, w + W, ...
+// (home rank, token, slot) order, padded at the expert's end). It is checked
+// through its results -- outputs against the CPU reference, which walks the
+// host schedule, and bitwise equality across world sizes and SM splits.
 //
-//   1. count: the expert's rows over every rank's routing (ballot over 32
-//      entries at a time, in global order); also validate this rank's own
-//      entries (range, duplicates) so nothing is ever silently dropped;
-//   2. after every expert is counted: the expert's padded offset, then its
-//      rows in (home rank, token) order -- a ballot prefix keeps the order --
-//      and the padding rows at its end.
+// The world's routing entries, rank-major, are split into one contiguous
+// chunk per schedule warp (W warps: every warp of the dispatch CTAs), so the
+// work is spread over all of them whatever the number of experts:
+//
+//   1. count    each warp histograms its chunk's local experts (shared-memory
+//               atomics) into hist[chunk][expert]; it also validates a share
+//               of this rank's own entries (range, duplicates), so nothing is
+//               ever silently dropped.                -> schedule_counted (W)
+//   2. scan     warp w, for its experts e = w, w + W, ...: exclusive scan of
+//               hist[.][e] over the chunks, in place, and the expert's total.
+//                                                     -> schedule_scanned (El)
+//   3. fill     each warp: padded offsets from the totals (a warp scan), its
+//               chunk's first row per expert = offset + scan, then one pass
+//               over its chunk writing rows in entry order (match_any ranks
+//               lanes that hit the same expert); the warp owning expert e also
+//               writes e's padding rows, warp 0 the offsets.
+//                                                     -> schedule_filled (W)
+//
+// Entry order inside a chunk, and chunks in order, is global (rank, token,
+// slot) order: the result is the host rule's, independent of W.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +32,14 @@
 #include "mok/row_source.hpp"
 
 namespace mok::device {
+
+// Local experts the in-kernel schedule supports (one shared-memory counter
+// per expert per warp).
+inline constexpr int kMaxScheduleExperts = 1024;
+
+struct ScheduleShared {
+  int32_t per_warp[kScheduleWarpsPerCta][kMaxScheduleExperts];
+};
 
 // This rank's own entries: every id in [0, E) and distinct within its token.
 template <cuda::thread_scope kScope>
@@ -45,85 +66,138 @@ __device__ __forceinline__ bool validate_own_routing(RoleContext<kScope>& ctx, i
   return true;
 }
 
-template <cuda::thread_scope kScope>
-__device__ __forceinline__ int32_t count_expert_rows(RoleContext<kScope>& ctx, int32_t expert) {
-  const int lane = threadIdx.x % 32;
-  int32_t count = 0;
-  for (int r = 0; r < ctx.params.world_size; ++r) {
-    const RankView& home = ctx.params.ranks[r];
-    const int64_t entries = static_cast<int64_t>(home.tokens) * ctx.params.top_k;
-    for (int64_t base = 0; base < entries; base += 32) {
-      const int64_t n = base + lane;
-      const bool hit = n < entries && __ldg(&home.ids[n]) == expert;
-      count += __popc(__ballot_sync(0xffffffffu, hit));
-    }
-  }
-  return count;
-}
-
-template <cuda::thread_scope kScope>
-__device__ __forceinline__ void fill_expert_rows(RoleContext<kScope>& ctx, int32_t expert, int32_t offset,
-                                                 int32_t count) {
+// Calls visit(home_rank, entry_index_on_that_rank, local_expert or -1) for the
+// entries of chunk `chunk`, 32 at a time (every lane calls it each round, with
+// entry -1 past the end), in global entry order.
+template <cuda::thread_scope kScope, class Visit>
+__device__ __forceinline__ void for_each_chunk_entry(RoleContext<kScope>& ctx, int chunk, int chunks,
+                                                     const Visit& visit) {
   const int lane = threadIdx.x % 32;
   const int k = ctx.params.top_k;
-  RowSource* rows = ctx.view().rows;
-  int32_t cursor = offset;
-  for (int r = 0; r < ctx.params.world_size; ++r) {
+  const int32_t first_expert = ctx.rank * ctx.params.num_local_experts;
+  int64_t total = 0;
+  for (int r = 0; r < ctx.params.world_size; ++r) total += static_cast<int64_t>(ctx.params.ranks[r].tokens) * k;
+  const int64_t per_chunk = ((total + chunks - 1) / chunks + 31) / 32 * 32;
+  const int64_t begin = chunk * per_chunk;
+  const int64_t end = begin + per_chunk < total ? begin + per_chunk : total;
+  int64_t rank_begin = 0;
+  for (int r = 0; r < ctx.params.world_size && rank_begin < end; ++r) {
     const RankView& home = ctx.params.ranks[r];
-    const int64_t entries = static_cast<int64_t>(home.tokens) * k;
-    for (int64_t base = 0; base < entries; base += 32) {
+    const int64_t rank_end = rank_begin + static_cast<int64_t>(home.tokens) * k;
+    const int64_t lo = begin > rank_begin ? begin : rank_begin;
+    const int64_t hi = end < rank_end ? end : rank_end;
+    for (int64_t base = lo; base < hi; base += 32) {
       const int64_t n = base + lane;
-      const bool hit = n < entries && __ldg(&home.ids[n]) == expert;
-      const uint32_t hits = __ballot_sync(0xffffffffu, hit);
-      if (hit) {
-        const int32_t row = cursor + __popc(hits & ((1u << lane) - 1u));
-        rows[row] = RowSource{r, static_cast<int32_t>(n / k), static_cast<int32_t>(n % k)};
+      int32_t local = -1;
+      if (n < hi) {
+        const int32_t id = __ldg(&home.ids[n - rank_begin]);
+        local = id - first_expert;
+        if (local < 0 || local >= ctx.params.num_local_experts) local = -1;
       }
-      cursor += __popc(hits);
+      visit(r, n < hi ? n - rank_begin : int64_t{-1}, local);
     }
+    rank_begin = rank_end;
   }
-  const int32_t padded_end = offset + (count + ctx.params.tile_m - 1) / ctx.params.tile_m * ctx.params.tile_m;
-  for (int32_t row = offset + count + lane; row < padded_end; row += 32) rows[row] = padding_row();
 }
 
-// Run by every warp of the rank's dispatch CTAs; returns false if the pass aborts.
+// Run by every warp of the rank's dispatch CTAs (`warp` of `warps`); returns
+// false if the pass aborts.
 template <cuda::thread_scope kScope>
-__device__ __forceinline__ bool build_schedule(RoleContext<kScope>& ctx, int warp, int warps) {
+__device__ __forceinline__ bool build_schedule(RoleContext<kScope>& ctx, ScheduleShared& smem, int warp,
+                                               int warps) {
   const int lane = threadIdx.x % 32;
-  const int num_local = ctx.params.num_local_experts;
-  const int32_t first_expert = ctx.rank * num_local;
+  const int El = ctx.params.num_local_experts;
+  const int k = ctx.params.top_k;
+  const int32_t tile_m = ctx.params.tile_m;
   const RankView& v = ctx.view();
+  int32_t* mine = smem.per_warp[threadIdx.x / 32];
+  int32_t* hist = v.schedule_hist;  // [warps][El]
 
   if (!validate_own_routing(ctx, warp, warps)) return false;
-  for (int e = warp; e < num_local; e += warps) {
-    const int32_t count = count_expert_rows(ctx, first_expert + e);
-    if (lane == 0) {
-      v.expert_rows[e] = count;
-      protocol::signal_schedule_counted(ctx.sync, ctx.counters());
-    }
-  }
-  // Lane 0 waits and broadcasts the outcome.
+
+  // 1. count
+  for (int e = lane; e < El; e += 32) mine[e] = 0;
+  __syncwarp();
+  for_each_chunk_entry(ctx, warp, warps, [&](int, int64_t, int32_t local) {
+    if (local >= 0) atomicAdd(&mine[local], 1);
+  });
+  __syncwarp();
+  for (int e = lane; e < El; e += 32) hist[static_cast<int64_t>(warp) * El + e] = mine[e];
+  __syncwarp();
   bool ok = true;
-  if (lane == 0) ok = protocol::wait_schedule_counted(ctx.sync, ctx.counters(), num_local, ctx.rank);
+  if (lane == 0) {
+    protocol::signal_schedule_counted(ctx.sync, ctx.counters());
+    ok = protocol::wait_schedule_counted(ctx.sync, ctx.counters(), warps, ctx.rank);
+  }
   ok = __shfl_sync(0xffffffffu, ok, 0);
-  __syncwarp();  // orders the other lanes' reads after lane 0's acquire
+  __syncwarp();  // the other lanes' reads come after lane 0's acquire
   if (!ok) return false;
 
-  const int32_t tile_m = ctx.params.tile_m;
-  for (int e = warp; e < num_local; e += warps) {
-    int32_t before = 0;  // padded rows of the experts before e
-    for (int i = lane; i < e; i += 32) before += (__ldcg(&v.expert_rows[i]) + tile_m - 1) / tile_m * tile_m;
+  // 2. scan: exclusive over chunks, 32 chunks per round.
+  uint32_t scanned = 0;
+  for (int e = warp; e < El; e += warps, ++scanned) {
+    int32_t carry = 0;
+    for (int c0 = 0; c0 < warps; c0 += 32) {
+      const int c = c0 + lane;
+      const int32_t count = c < warps ? __ldcg(&hist[static_cast<int64_t>(c) * El + e]) : 0;
+      int32_t inclusive = count;
 #pragma unroll
-    for (int s = 16; s > 0; s >>= 1) before += __shfl_xor_sync(0xffffffffu, before, s);
-    const int32_t count = __ldcg(&v.expert_rows[e]);
-    if (lane == 0) {
-      v.expert_offset[e] = before;
-      if (e == num_local - 1) v.expert_offset[num_local] = before + (count + tile_m - 1) / tile_m * tile_m;
+      for (int s = 1; s < 32; s <<= 1) {
+        const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, s);
+        if (lane >= s) inclusive += up;
+      }
+      if (c < warps) hist[static_cast<int64_t>(c) * El + e] = carry + inclusive - count;
+      carry += __shfl_sync(0xffffffffu, inclusive, 31);
     }
-    fill_expert_rows(ctx, first_expert + e, before, count);
-    __syncwarp();
-    if (lane == 0) protocol::signal_schedule_filled(ctx.sync, ctx.counters());
+    if (lane == 0) v.expert_rows[e] = carry;
   }
+  __syncwarp();
+  if (lane == 0) {
+    if (scanned > 0) protocol::signal_schedule_scanned(ctx.sync, ctx.counters(), scanned);
+    ok = protocol::wait_schedule_scanned(ctx.sync, ctx.counters(), El, ctx.rank);
+  }
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  __syncwarp();
+  if (!ok) return false;
+
+  // 3. fill. Padded offsets, 32 experts per round; mine[e] = this chunk's first row for e.
+  int32_t offset = 0;
+  for (int e0 = 0; e0 < El; e0 += 32) {
+    const int e = e0 + lane;
+    const int32_t rows = e < El ? __ldcg(&v.expert_rows[e]) : 0;
+    const int32_t padded = (rows + tile_m - 1) / tile_m * tile_m;
+    int32_t inclusive = padded;
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+      const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, s);
+      if (lane >= s) inclusive += up;
+    }
+    const int32_t start = offset + inclusive - padded;
+    if (e < El) {
+      mine[e] = start + __ldcg(&hist[static_cast<int64_t>(warp) * El + e]);
+      if (warp == 0) v.expert_offset[e] = start;
+      if (e % warps == warp) {  // this warp owns expert e: its padding rows
+        for (int32_t row = start + rows; row < start + padded; ++row) v.rows[row] = padding_row();
+      }
+    }
+    offset += __shfl_sync(0xffffffffu, inclusive, 31);
+  }
+  if (warp == 0 && lane == 0) v.expert_offset[El] = offset;
+  __syncwarp();
+  for_each_chunk_entry(ctx, warp, warps, [&](int r, int64_t n, int32_t local) {
+    // Lanes hitting the same expert take consecutive rows in lane order.
+    const uint32_t peers = __match_any_sync(0xffffffffu, local);
+    const uint32_t before = peers & ((1u << lane) - 1u);
+    const int32_t cursor = local >= 0 ? mine[local] : 0;
+    __syncwarp();  // every lane has read its cursor before any moves
+    if (local >= 0) {
+      v.rows[cursor + __popc(before)] = RowSource{r, static_cast<int32_t>(n / k), static_cast<int32_t>(n % k)};
+      if (before == 0) mine[local] = cursor + __popc(peers);  // the group's first lane moves the cursor
+    }
+    __syncwarp();
+  });
+  __syncwarp();
+  if (lane == 0) protocol::signal_schedule_filled(ctx.sync, ctx.counters());
   return true;
 }
 
