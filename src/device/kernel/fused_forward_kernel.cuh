@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       mbarrier_init(&gemm_smem.task_full[s], 1);
       mbarrier_init(&gemm_smem.task_empty[s], FusedPlainCfg::kConsumerWarps);
     }
+    for (int s = 0; s < kDoneSlots; ++s) {
+      mbarrier_init(&gemm_smem.done_full[s], FusedPlainCfg::kConsumerWarps);
+      mbarrier_init(&gemm_smem.done_empty[s], 1);
+    }
     fence_barrier_init();
   }
   __syncthreads();
@@ -85,6 +89,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
+    if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
     const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);

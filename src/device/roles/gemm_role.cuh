@@ -1,7 +1,10 @@
 // The GEMM CTAs of the fused forward: a producer warpgroup (one thread takes
 // tickets, waits for each task's inputs, posts the task to the consumers and
-// streams its operands by TMA) and two consumer warpgroups (wgmma over the
-// whole K, then the task's epilogue and its completion signals). The tasks
+// streams its operands by TMA; another thread, the signaler, publishes each
+// finished task's completion) and two consumer warpgroups (wgmma over the
+// whole K, then the task's epilogue; they hand the task to the signaler and
+// start the next one at once, so the release fences and counter atomics of a
+// task overlap the next task's mainloop). The tasks
 // and their order are src/protocol/forward_plan.hpp's; every wait and signal
 // is a named operation of src/protocol/counters.hpp.
 //
@@ -9,6 +12,8 @@
 //   shared gate/up  x              shared w13     silu(g)*u -> shared_h        -> shared_h_ready
 //   shared down     shared_h       shared w2      bf16      -> shared_out      -> shared_done
 //   gate/up         x ring         w13[expert]    silu(g)*u -> h ring          -> ring_consumed, h_ready
+//   (the producer waits, before posting a task, for its inputs: shared_h_ready,
+//   tile_filled + h slot free, or h_ready)
 //   down            h ring         w2[expert]     bf16      -> home combine row-> h_consumed, down_done
 #pragma once
 
@@ -33,6 +38,7 @@ static_assert(sizeof(GemmSharedStorage<FusedPlainCfg>) == sizeof(GemmSharedStora
 static_assert(FusedSwigluCfg::kOutCols == kGateUpOutCols && FusedPlainCfg::kOutCols == kDownOutCols);
 
 inline constexpr int kTaskSlots = 2;
+inline constexpr int kDoneSlots = 2;  // finished tasks queued for the signaler
 
 struct GemmTask {
   protocol::TaskKind kind;
@@ -41,6 +47,7 @@ struct GemmTask {
   int32_t n_tile;
   int32_t expert;  // local expert of a routed task
   int32_t row0;    // first A row: ring row (routed) or token (shared)
+  int32_t signal;  // finished tasks: 1 if its completion is to be published (0 after an abort)
 };
 
 struct FusedGemmShared {
@@ -48,9 +55,12 @@ struct FusedGemmShared {
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
+  GemmTask done[kDoneSlots];
+  uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
+  uint64_t done_empty[kDoneSlots];  // the signaler took the task
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
-  uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
+  uint64_t trace_task_begin, trace_mainloop_end;
 };
 
 __device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
@@ -82,7 +92,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   uint32_t phase = 0;
 
   for (;;) {
-    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0};
+    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
     const uint64_t wait_begin = trace_now();
     if (ctx.sync.load_relaxed(v.counters.abort) == 0) {
       const int64_t ticket = protocol::take_ticket(ctx.sync, v.counters);
@@ -107,7 +117,10 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
           case TaskKind::kGateUp:
             task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
             task.expert = expert_of_row(v.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
-            ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+            // Its x rows are in the ring, and its h slot was read by the
+            // previous generation's down tasks (smaller tickets).
+            ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank) &&
+                 protocol::wait_h_free(ctx.sync, v.counters, g, t.minibatch, ctx.rank);
             break;
           case TaskKind::kDown:
             task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
@@ -172,8 +185,8 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   protocol::ForwardGeometry g = shared_geometry;
   bool have_schedule = false;
   bool ok = true;
-  int slot = 0;
-  uint32_t phase = 0;
+  int slot = 0, done_slot = 0;
+  uint32_t phase = 0, done_phase = 0;
   float acc[FusedPlainCfg::kAccRegs];
 
   for (;;) {
@@ -185,7 +198,15 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       slot = 0;
       phase ^= 1u;
     }
-    if (task.kind == TaskKind::kNone) return ok;
+    if (task.kind == TaskKind::kNone) {
+      // Tell the signaler the list is over (after every earlier task).
+      if (lane == 0) {
+        mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
+        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done_slot] = task;
+        mbarrier_arrive(&smem.done_full[done_slot]);
+      }
+      return ok;
+    }
     // One thread of the CTA stamps the consumers' timeline.
     const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
     if (tracer) smem.trace_task_begin = trace_now();
@@ -228,16 +249,12 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         break;
       }
       case TaskKind::kGateUp: {
-        // The h slot must have been read by the previous generation's down tasks.
-        bool free = true;
-        if (lane == 0) free = protocol::wait_h_free(ctx.sync, v.counters, g, task.minibatch, ctx.rank);
-        free = __shfl_sync(0xffffffffu, free, 0);
-        __syncwarp();  // the lanes' h stores come after lane 0's acquire
-        ok = ok && free;
+        // The producer waited for the h slot to be free (read by the previous
+        // generation's down tasks) before posting the task.
         const int32_t row0 = task.row0;
         store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
                                         consumer, task.n_tile * kGateUpOutCols, I, [&](int i) -> uint16_t* {
-                                          return free ? v.ring_h + static_cast<int64_t>(row0 + i) * I : nullptr;
+                                          return v.ring_h + static_cast<int64_t>(row0 + i) * I;
                                         });
         break;
       }
@@ -254,11 +271,55 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       }
       case TaskKind::kNone: break;
     }
-    if (tracer) smem.trace_stores_end = trace_now();
-    // h and shared_h are read next by TMA (async proxy) on other SMs.
+    // Hand the task to the signaler. Each warp orders its generic stores
+    // before later async-proxy (TMA) reads on other SMs, then arrives; the
+    // arrival (release, CTA scope) and the signaler's wait (acquire) put
+    // these stores before the signaler's release of the counters.
     fence_proxy_async_global();
-    named_barrier_sync(kBarrierConsumers, 256);
-    if (consumer == 0 && threadIdx.x % 128 == 0 && ok) {
+    __syncwarp();
+    if (lane == 0) {
+      mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
+      if (consumer == 0 && threadIdx.x % 128 == 0) {
+        smem.done[done_slot] = task;
+        smem.done[done_slot].signal = ok ? 1 : 0;
+      }
+      mbarrier_arrive(&smem.done_full[done_slot]);
+    }
+    if (++done_slot == kDoneSlots) {
+      done_slot = 0;
+      done_phase ^= 1u;
+    }
+    if (tracer) {
+      const uint64_t end = trace_now();
+      trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_task_begin, smem.trace_mainloop_end);
+      trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_mainloop_end, end);
+    }
+  }
+}
+
+// The signaler (one thread of the producer warpgroup): publishes each task
+// the consumers finished, in order, then frees its queue slot. Returns when
+// the consumers post the end of the task list.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  protocol::ForwardGeometry g = ctx.geometry(0);
+  bool have_schedule = false;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (;;) {
+    mbarrier_wait_parity(&smem.done_full[slot], phase);
+    const uint64_t begin = trace_now();
+    const GemmTask task = smem.done[slot];
+    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
+    if (routed && !have_schedule) {
+      g = ctx.geometry(ctx.padded_rows());  // the producer acquired it before posting the task
+      have_schedule = true;
+    }
+    if (task.signal) {
       switch (task.kind) {
         case TaskKind::kSharedGateUp: protocol::signal_shared_h_ready(ctx.sync, v.counters, task.m_tile); break;
         case TaskKind::kSharedDown: protocol::signal_shared_done(ctx.sync, v.counters); break;
@@ -273,14 +334,13 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         case TaskKind::kNone: break;
       }
     }
-    if (tracer) {
-      trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_task_begin, smem.trace_mainloop_end);
-      trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_mainloop_end, smem.trace_stores_end);
-      trace_record(ctx.params, TraceKind::kSignal, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_stores_end, trace_now());
+    mbarrier_arrive(&smem.done_empty[slot]);
+    if (++slot == kDoneSlots) {
+      slot = 0;
+      phase ^= 1u;
     }
+    if (task.kind == TaskKind::kNone) return;
+    trace_record(ctx.params, TraceKind::kSignal, static_cast<int32_t>(task.kind), ctx.rank, begin, trace_now());
   }
 }
 

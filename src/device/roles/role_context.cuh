@@ -18,8 +18,7 @@ inline constexpr int kGateUpOutCols = 128;
 inline constexpr int kDownOutCols = 256;
 // Named barriers of the fused kernel (0 is __syncthreads).
 enum NamedBarrier : int {
-  kBarrierDispatch = 1,   // the copy warps of a dispatch CTA
-  kBarrierConsumers = 2,  // the consumer warpgroups of a GEMM CTA
+  kBarrierDispatch = 1,  // the copy warps of a dispatch CTA
 };
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
