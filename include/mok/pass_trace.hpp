@@ -21,8 +21,9 @@ enum class TraceKind : uint8_t {
   kEpilogue = 5,      // GEMM consumers: results converted and stored
   kCombineWait = 6,   // one combine warp per CTA: waiting for the shared expert and every down task
   kCombine = 7,       // that warp: its share of the weighted sums
-  kSignal = 8,        // GEMM consumers: proxy fence, consumer barrier, completion signals
-  kCount = 9,
+  kSignal = 8,        // a GEMM CTA's signaler: publishing a finished task (beside the consumers)
+  kHandoff = 9,       // GEMM consumers: proxy fence, handing the task to the signaler
+  kCount = 10,
 };
 
 enum class TraceTask : int32_t { kSharedGateUp = 0, kSharedDown = 1, kGateUp = 2, kDown = 3 };
@@ -55,7 +56,7 @@ struct TraceSummary {
   int gemm_ctas = 0;   // CTAs with at least one mainloop event
   // Consumer time of the GEMM CTAs, as fractions of gemm_ctas * span:
   double mainloop_share = 0;  // inside a mainloop
-  double epilogue_share = 0;  // inside an epilogue (stores, then signals)
+  double epilogue_share = 0;  // inside an epilogue or its handoff
   double head_share = 0;      // before the CTA's first task
   double gap_share = 0;       // between two tasks (waiting for inputs or for the producer)
   double tail_share = 0;      // after the CTA's last task

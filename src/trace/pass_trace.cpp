@@ -19,6 +19,7 @@ const char* trace_kind_name(TraceKind kind) {
     case TraceKind::kCombineWait: return "combine wait";
     case TraceKind::kCombine: return "combine";
     case TraceKind::kSignal: return "signal";
+    case TraceKind::kHandoff: return "handoff";
     case TraceKind::kCount: break;
   }
   return "unknown";
@@ -38,7 +39,7 @@ namespace {
 
 bool is_gemm_kind(TraceKind kind) {
   return kind == TraceKind::kTaskWait || kind == TraceKind::kMainloop || kind == TraceKind::kEpilogue ||
-         kind == TraceKind::kSignal;
+         kind == TraceKind::kSignal || kind == TraceKind::kHandoff;
 }
 
 }  // namespace
@@ -67,8 +68,10 @@ TraceSummary summarize_trace(std::span<const TraceEvent> events) {
     row.total_us += us;
     row.max_us = std::max(row.max_us, us);
     if (kind == TraceKind::kMainloop) s.mainloop_share += us;
-    if (kind == TraceKind::kEpilogue || kind == TraceKind::kSignal) s.epilogue_share += us;
-    if (kind == TraceKind::kMainloop || kind == TraceKind::kEpilogue || kind == TraceKind::kSignal) {
+    // The signaler runs beside the consumers: its events are not consumer time.
+    const bool consumer = kind == TraceKind::kMainloop || kind == TraceKind::kEpilogue || kind == TraceKind::kHandoff;
+    if (consumer && kind != TraceKind::kMainloop) s.epilogue_share += us;
+    if (consumer) {
       busy[{e.rank, e.cta}].push_back({e.begin_ns, e.end_ns});
     }
   }

@@ -34,8 +34,9 @@ TEST(PassTrace, SharesOfTheGemmConsumersAddUpToTheSpan) {
   const std::vector<mok::TraceEvent> events = {
       event(K::kSchedule, 0, 0, 500),
       event(K::kMainloop, 1, 1000, 4000, gate_up), event(K::kEpilogue, 1, 4000, 5000, gate_up),
-      event(K::kMainloop, 1, 6000, 8000, down),    event(K::kEpilogue, 1, 8000, 8600, down),
-      event(K::kSignal, 1, 8600, 9000, down),
+      event(K::kMainloop, 1, 6000, 8000, down),    event(K::kEpilogue, 1, 8000, 8700, down),
+      event(K::kHandoff, 1, 8700, 9000, down),
+      event(K::kSignal, 1, 9000, 9400, down),  // the signaler, beside the consumers: not consumer time
       event(K::kMainloop, 2, 0, 10000, gate_up),
   };
   const mok::TraceSummary s = mok::summarize_trace(events);

@@ -165,7 +165,7 @@ TEST(FusedForward, TracingRecordsEveryTaskAndLeavesTheOutputBitwiseUnchanged) {
     const std::vector<mok::TraceEvent> events = traced.trace();
     EXPECT_EQ(device.download_outputs(), want) << "pass " << pass;
 
-    // Every GEMM task of every rank: one task wait, mainloop, epilogue and signal.
+    // Every GEMM task of every rank: one task wait, mainloop, epilogue, handoff and signal.
     const auto schedule = mok::build_schedule(config, layer.routing(), {128, 1});
     int64_t tasks = 0, m_tiles = 0;
     for (const auto& rank : schedule.ranks) {
@@ -176,7 +176,7 @@ TEST(FusedForward, TracingRecordsEveryTaskAndLeavesTheOutputBitwiseUnchanged) {
       tasks += tiles * ((config.intermediate + 127) / 128 + down_n) +
                shared_tiles * ((config.shared_width() + 127) / 128 + down_n);
     }
-    int64_t waits = 0, mainloops = 0, epilogues = 0, signals = 0, copies = 0;
+    int64_t waits = 0, mainloops = 0, epilogues = 0, handoffs = 0, signals = 0, copies = 0;
     for (const mok::TraceEvent& e : events) {
       EXPECT_LE(e.begin_ns, e.end_ns);
       EXPECT_LT(e.rank, config.world_size);
@@ -185,11 +185,13 @@ TEST(FusedForward, TracingRecordsEveryTaskAndLeavesTheOutputBitwiseUnchanged) {
       mainloops += kind == mok::TraceKind::kMainloop;
       epilogues += kind == mok::TraceKind::kEpilogue;
       signals += kind == mok::TraceKind::kSignal;
+      handoffs += kind == mok::TraceKind::kHandoff;
       copies += kind == mok::TraceKind::kDispatchCopy;
     }
     EXPECT_EQ(waits, tasks);
     EXPECT_EQ(mainloops, tasks);
     EXPECT_EQ(epilogues, tasks);
+    EXPECT_EQ(handoffs, tasks);
     EXPECT_EQ(signals, tasks);
     EXPECT_EQ(copies, m_tiles);  // one per m-tile of every rank
     const mok::TraceSummary summary = mok::summarize_trace(events);

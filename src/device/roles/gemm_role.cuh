@@ -60,7 +60,7 @@ struct FusedGemmShared {
   uint64_t done_empty[kDoneSlots];  // the signaler took the task
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
-  uint64_t trace_task_begin, trace_mainloop_end;
+  uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
 };
 
 __device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
@@ -271,6 +271,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       }
       case TaskKind::kNone: break;
     }
+    if (tracer) smem.trace_stores_end = trace_now();
     // Hand the task to the signaler. Each warp orders its generic stores
     // before later async-proxy (TMA) reads on other SMs, then arrives; the
     // arrival (release, CTA scope) and the signaler's wait (acquire) put
@@ -294,7 +295,9 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
                    smem.trace_task_begin, smem.trace_mainloop_end);
       trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_mainloop_end, end);
+                   smem.trace_mainloop_end, smem.trace_stores_end);
+      trace_record(ctx.params, TraceKind::kHandoff, static_cast<int32_t>(task.kind), ctx.rank,
+                   smem.trace_stores_end, end);
     }
   }
 }
