@@ -18,6 +18,7 @@
 #include "device/roles/gemm_role.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/roles/schedule_role.cuh"
+#include "device/roles/world_barrier_role.cuh"
 
 namespace mok::device {
 
@@ -46,6 +47,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
+  // Device-ordered passes: the world barrier frames the pass (no-ops otherwise).
+  if (!world_start(ctx, cta)) return world_finish<kScope>(params, kFusedWarps);
 
   if (cta < comm) {
     auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
@@ -55,6 +58,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     // abort for everyone at once (a warp skipping it would hang the others).
     const bool dispatched = dispatch(ctx, dispatch_smem, cta);
     if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps);
+    world_finish<kScope>(params, kFusedWarps);
     return;
   }
 
@@ -74,11 +78,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
+    world_finish<kScope>(params, kFusedWarps);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
     const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);
     const int gemm_cta = cta - comm;
     if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps);
+    world_finish<kScope>(params, kFusedWarps);
   }
 }
 

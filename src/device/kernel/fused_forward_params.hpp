@@ -11,6 +11,7 @@
 #include "mok/layer_config.hpp"
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
 
 namespace mok::device {
 
@@ -45,6 +46,10 @@ struct RankView {
   RowSource* rows;         // [row capacity] the schedule
   protocol::ForwardCounters counters;
   const CUtensorMap* maps;  // [kNumMaps]
+  // Device-ordered passes (protocol/world_barrier.hpp): the rank's barrier
+  // words, and its counter set this pass does not use (zeroed at its end).
+  protocol::WorldBarrierWords* barrier;
+  uint32_t* idle_counters;
 };
 
 struct FusedForwardParams {
@@ -67,6 +72,8 @@ struct FusedForwardParams {
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
   uint64_t timeout_ns;
+  uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
+  uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
 };
 
 }  // namespace mok::device
