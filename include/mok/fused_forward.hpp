@@ -3,14 +3,25 @@
 // SwiGLU, down, combine into home-rank rows, shared expert, fp32 weighted sum.
 // Host API only.
 //
-// Two worlds run the same kernel through the same pointer table:
+// Three worlds run the same kernel through the same pointer table:
 // - the *virtual* world (options.devices empty): R ranks as R partitions of the
 //   SMs of the current GPU, each with its own buffers, reading its peers only
 //   through the table, exactly as it would read peers over NVLink;
 // - the *peer* world (options.devices = one GPU per rank): one process drives
 //   every GPU, with peer access enabled between all of them; rank r's
-//   workspace lives on devices[r], one launch per GPU, counters at system scope.
-// (One process per GPU under torchrun is the next world; docs/architecture.md.)
+//   workspace lives on devices[r], one launch per GPU, counters at system scope;
+// - the *process* world (options.process_rank >= 0): one process per GPU (e.g.
+//   under torchrun); this object is rank process_rank only, on the current
+//   GPU. Ranks exchange their workspaces as CUDA IPC handles (export_handle,
+//   then import_peers with every rank's handle, over any channel) and order
+//   their passes on the GPUs (device-ordered passes, below).
+//
+// Passes are *host-ordered* by default: the host zeroes the counters before
+// each pass (in a peer world after ordering the GPUs with events). With
+// options.device_ordered (always in a process world) the kernel orders them
+// itself: a start and an end barrier in every pass and two counter sets used
+// in alternate passes, each zeroed on the GPU (docs/protocol.md,
+// "Device-ordered passes"); the host never touches the counters again.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +47,10 @@ struct FusedForwardOptions {
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
   std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
   int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events (trace())
+  bool device_ordered = false;  // order passes by in-kernel barriers, not host-side zeroing (see above)
+  int process_rank = -1;        // >= 0: a process world, this object being that rank (forces device_ordered)
+  double barrier_timeout_seconds = 60.0;  // device-ordered: how long a rank waits for the others to start
+                                          // or finish a pass, in (0, 3600] (hosts of a process world drift)
 
   std::string describe() const;
 };
@@ -73,6 +88,23 @@ class FusedForward {
   // zeroed its counters.
   void run(std::span<const RankTensors> ranks, std::span<CUstream_st* const> streams);
 
+  // Process world: this rank's pass (mine: this rank's tensors only). Every
+  // rank must call it, the same number of times, in the same order relative to
+  // any other collective work; the GPUs wait for each other inside the kernel.
+  // Copies x and expert_ids into this rank's workspace (peers read them there).
+  void run(const RankTensors& mine, CUstream_st* stream = nullptr);
+  // Process world: this rank's workspace as opaque bytes (a CUDA IPC handle
+  // and a description to check against), for every other rank.
+  std::vector<uint8_t> export_handle() const;
+  // Process world: handles[q] = rank q's export_handle() for every rank q (this
+  // rank's own entry is checked, not opened). Once, before the first run.
+  void import_peers(std::span<const std::vector<uint8_t>> handles);
+  // Process world: unmaps the peers' workspaces. Destroying a process world is
+  // collective: every rank calls close_peers(), then all meet at a barrier
+  // (e.g. torch.distributed.barrier()), then each destroys its object (which
+  // frees the memory its peers had mapped).
+  void close_peers();
+
   // Waits for the pass, then throws mok::Error if it aborted: a stalled wait
   // (names the counter, ranks, target and observed value) or a bad routing
   // entry (names rank, token, slot and the id).
@@ -89,6 +121,7 @@ class FusedForward {
 
  private:
   void check_report();  // throws if the world's stall report is set
+  void launch(std::span<const RankTensors> ranks, std::span<CUstream_st* const> streams);
 
   struct State;
   std::unique_ptr<State> state_;

@@ -6,7 +6,9 @@
 // A Sync backend provides, over uint32_t words:
 //   load_acquire(p), store_release(p, v), add_release(p, v),
 //   fetch_add_relaxed(p, v) -> old, compare_exchange(p, expected, desired) -> bool,
-//   load_relaxed(p), start_clock() -> clock, expired(clock) -> bool, pause().
+//   load_relaxed(p), start_clock() -> clock, expired(clock) -> bool, pause();
+// and, for the world barrier of device-ordered passes (world_barrier.hpp),
+//   fetch_add_acq_rel(p, v) -> old, store_relaxed(p, v).
 // src/protocol/host_sync.hpp is the host one (the CPU model of the protocol);
 // the device one lives beside the megakernel.
 #pragma once
@@ -31,7 +33,9 @@ enum class CounterId : uint32_t {
   kScheduleCounted = 8,
   kScheduleFilled = 9,
   kBadRouting = 10,  // not a counter: a routing entry the schedule rejected
-  kScheduleScanned = 11,
+  kWorldStarted = 11,   // world_barrier.hpp: a rank waited for a peer to start the pass
+  kWorldFinished = 12,  // world_barrier.hpp: a rank waited for a peer to finish the pass
+  kScheduleScanned = 13,
 };
 
 inline const char* counter_name(CounterId id) {
@@ -48,6 +52,8 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleFilled: return "schedule_filled";
     case CounterId::kBadRouting: return "bad routing entry";
     case CounterId::kScheduleScanned: return "schedule_scanned";
+    case CounterId::kWorldStarted: return "world_started";
+    case CounterId::kWorldFinished: return "world_finished";
   }
   return "unknown";
 }

@@ -33,6 +33,12 @@ struct DeviceSync {
   __device__ __forceinline__ static uint32_t fetch_add_relaxed(uint32_t* p, uint32_t v) {
     return Ref(*p).fetch_add(v, cuda::memory_order_relaxed);
   }
+  __device__ __forceinline__ static uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+    return Ref(*p).fetch_add(v, cuda::memory_order_acq_rel);
+  }
+  __device__ __forceinline__ static void store_relaxed(uint32_t* p, uint32_t v) {
+    Ref(*p).store(v, cuda::memory_order_relaxed);
+  }
   __device__ __forceinline__ static bool compare_exchange(uint32_t* p, uint32_t expected, uint32_t desired) {
     return Ref(*p).compare_exchange_strong(expected, desired, cuda::memory_order_acq_rel);
   }

@@ -31,6 +31,12 @@ class HostSync {
   static uint32_t fetch_add_relaxed(uint32_t* p, uint32_t v) {
     return std::atomic_ref<uint32_t>(*p).fetch_add(v, std::memory_order_relaxed);
   }
+  static uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+    return std::atomic_ref<uint32_t>(*p).fetch_add(v, std::memory_order_acq_rel);
+  }
+  static void store_relaxed(uint32_t* p, uint32_t v) {
+    std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_relaxed);
+  }
   static bool compare_exchange(uint32_t* p, uint32_t expected, uint32_t desired) {
     return std::atomic_ref<uint32_t>(*p).compare_exchange_strong(expected, desired,
                                                                  std::memory_order_acq_rel);

@@ -1,8 +1,9 @@
-// Host side of the fused forward in the virtual world: validation, every
-// rank's workspace (one allocation per rank), the world's pointer table and
-// tensor maps, the launch, and the translation of a stall report into an
-// error. The world seam is the FusedForwardParams table: a real multi-GPU
-// world fills the same table with peer pointers.
+// Host side of the fused forward in every world: validation, the ranks'
+// workspaces (one allocation per rank; a process world allocates its own and
+// maps its peers' through CUDA IPC), the world's pointer table and tensor
+// maps, the launches (host-ordered: zero counters first; device-ordered: pass
+// an epoch, src/protocol/world_barrier.hpp), and the translation of a stall
+// report into an error. The world seam is the FusedForwardParams table.
 #include "mok/fused_forward.hpp"
 
 #include <cuda.h>
@@ -20,6 +21,8 @@
 #include "device/kernel/fused_forward_kernel.cuh"
 #include "mok/error.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
+#include "world/world_handle.hpp"
 
 namespace mok {
 namespace {
@@ -43,8 +46,10 @@ struct Carver {
 };
 
 struct RankLayout {
-  size_t ring_x, ring_h, combine, shared_h, shared_out, expert_rows, expert_offset, rows, schedule_hist, counters,
-      maps;
+  size_t ring_x, ring_h, combine, shared_h, shared_out, expert_rows, expert_offset, rows, schedule_hist, maps;
+  size_t counters[2];  // two counter sets: set 0 only when host-ordered, epoch % 2 when device-ordered
+  size_t barrier;      // protocol::WorldBarrierWords
+  size_t staged_x, staged_ids;  // process world: this rank's inputs, where its peers can read them
   size_t bytes;
   protocol::ForwardGeometry geometry;  // padded_rows unknown (0): sizes only
   int64_t row_capacity;
@@ -116,12 +121,15 @@ void launch_fused(const FusedForwardParams& params, int ctas, cudaStream_t strea
 
 std::string FusedForwardOptions::describe() const {
   std::string world = "virtual";
-  if (!devices.empty()) {
+  if (process_rank >= 0) {
+    world = "process (rank " + std::to_string(process_rank) + ")";
+  } else if (!devices.empty()) {
     world = "peer (GPUs";
     for (int d : devices) world += " " + std::to_string(d);
     world += ")";
   }
-  return "world=" + world + " minibatch_rows=" + std::to_string(minibatch_rows) +
+  const bool ordered = device_ordered || process_rank >= 0;
+  return "world=" + world + (ordered ? " device_ordered" : "") + " minibatch_rows=" + std::to_string(minibatch_rows) +
          " ring_slots=" + std::to_string(ring_slots) + " lookahead=" + std::to_string(lookahead) +
          " ctas_per_rank=" + std::to_string(ctas_per_rank) +
          " comm_ctas_per_rank=" + std::to_string(comm_ctas_per_rank) +
@@ -132,11 +140,19 @@ struct FusedForward::State {
   LayerConfig config;
   FusedForwardOptions options;
   bool peer_world = false;
-  std::vector<int> rank_device;  // GPU of each rank's workspace
+  bool process_world = false;
+  bool device_ordered = false;
+  int me = -1;                   // process world: this process's rank
+  std::vector<int> rank_device;  // GPU of each rank's workspace (process world: this GPU for all)
   std::vector<RankLayout> layouts;
-  std::vector<uint8_t*> rank_memory;
-  uint32_t* world_words = nullptr;  // on rank 0's GPU: [0] abort, [1..] StallReport
-  uint8_t* trace_memory = nullptr;  // on rank 0's GPU: the event count, then the events
+  std::vector<uint8_t*> rank_memory;  // allocations this object owns (process world: its own rank's only)
+  std::vector<uint8_t*> rank_base;    // every rank's workspace as this process sees it (null: not mapped yet)
+  std::vector<int> ipc_mapped;        // ranks whose workspace is an IPC mapping (closed, not freed)
+  bool imported = false;
+  uint32_t* world_words = nullptr;  // host-ordered: on rank 0's GPU: [0] abort, [1..] StallReport
+  uint32_t epoch = 0;               // device-ordered: the last pass enqueued (0: none yet)
+  bool broken = false;              // a barrier wait gave up: no further pass can be ordered
+  uint8_t* trace_memory = nullptr;  // the event count, then the events (on the GPU of the first rank served)
   FusedForwardParams params{};
   std::vector<RankTensors> last_tensors;  // tensor maps were built for these
   // Peer world: per rank, "everything before this pass is done" and
@@ -144,6 +160,7 @@ struct FusedForward::State {
   std::vector<cudaEvent_t> ready, zeroed;
 
   ~State() {
+    close_mappings();
     for (size_t r = 0; r < rank_memory.size(); ++r) {
       if (rank_memory[r] != nullptr) {
         cudaSetDevice(rank_device[r]);
@@ -162,8 +179,23 @@ struct FusedForward::State {
     }
   }
 
-  void upload_maps(std::span<const RankTensors> ranks, int r, cudaStream_t stream);
+  void close_mappings() {
+    for (int q : ipc_mapped) {
+      cudaIpcCloseMemHandle(rank_base[q]);
+      rank_base[q] = nullptr;
+    }
+    ipc_mapped.clear();
+    imported = false;
+  }
+
+  // The GPU the host reads the pass's reports on (rank 0's, or ours in a process world).
+  int report_device() const { return process_world ? rank_device[me] : rank_device[0]; }
+  void fill_view(int r);
+  void bind_counters(uint32_t pass_epoch);
+  void upload_maps(const RankTensors& t, int r, cudaStream_t stream);
   void zero_counters(int r, cudaStream_t stream);
+  void check_tensors(const RankTensors& t, int r) const;
+  void check_barrier_reports();
 };
 
 FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions& options)
@@ -190,9 +222,25 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   require(o.timeout_seconds > 0 && o.timeout_seconds <= 8, "timeout_seconds", o.timeout_seconds,
           "must be in (0, 8]");
   require(o.trace_events >= 0, "trace_events", o.trace_events, "must be >= 0 (0: no trace)");
+  require(o.trace_events == 0 || (!o.device_ordered && o.process_rank < 0), "trace_events", o.trace_events,
+          "tracing is supported in host-ordered worlds only (not with device_ordered or a process world)");
+  // Barrier waits hold no mbarrier (nothing else of the CTA waits on one
+  // meanwhile), so they may wait longer than the protocol's bound.
+  require(o.barrier_timeout_seconds > 0 && o.barrier_timeout_seconds <= 3600, "barrier_timeout_seconds",
+          o.barrier_timeout_seconds, "must be in (0, 3600]");
 
   const int R = config.world_size;
   s.peer_world = !o.devices.empty();
+  s.process_world = o.process_rank >= 0;
+  if (s.process_world) {
+    require(o.process_rank < R, "process_rank", o.process_rank,
+            ("must be -1 (no process world) or a rank in [0, " + std::to_string(R) + ")").c_str());
+    require(o.devices.empty(), "devices.size()", o.devices.size(),
+            "must be empty in a process world (each process serves its rank on its current GPU)");
+    o.device_ordered = true;  // no host can order the processes' GPUs
+    s.me = o.process_rank;
+  }
+  s.device_ordered = o.device_ordered;
   int current = 0;
   MOK_CUDA_CHECK(cudaGetDevice(&current));
   if (s.peer_world) {
@@ -212,14 +260,14 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   } else {
     s.rank_device.assign(R, current);
   }
-  // SMs per rank: a partition of one GPU (virtual) or a whole GPU (peer).
+  // SMs per rank: a partition of one GPU (virtual) or a whole GPU (peer, process).
   int sms = 1 << 30;
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < (s.process_world ? 1 : R); ++r) {
     int device_sms = 0;
     MOK_CUDA_CHECK(cudaDeviceGetAttribute(&device_sms, cudaDevAttrMultiProcessorCount, s.rank_device[r]));
     sms = std::min(sms, device_sms);
   }
-  const int ranks_per_gpu = s.peer_world ? 1 : R;
+  const int ranks_per_gpu = s.peer_world || s.process_world ? 1 : R;
   if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / ranks_per_gpu;
   if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 12);
   require(o.ctas_per_rank * ranks_per_gpu <= sms, "ctas_per_rank", o.ctas_per_rank,
@@ -239,7 +287,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
 
   s.layouts.resize(R);
   s.rank_memory.assign(R, nullptr);
-  {
+  s.rank_base.assign(R, nullptr);
+  if (!s.device_ordered) {
     DeviceScope on(s.rank_device[0]);
     MOK_CUDA_CHECK(cudaMalloc(&s.world_words, 64));
     if (o.trace_events > 0) {
@@ -268,6 +317,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
       }
     }
   }
+  // Every rank's layout (a process world reads its peers' memory by it), but
+  // memory only for the ranks this object serves.
   for (int r = 0; r < R; ++r) {
     RankLayout& L = s.layouts[r];
     const int64_t T = config.tokens_per_rank[r];
@@ -288,12 +339,23 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     L.expert_offset = c.take<int32_t>(El + 1);
     L.rows = c.take<RowSource>(static_cast<size_t>(row_capacity));
     L.schedule_hist = c.take<int32_t>(static_cast<size_t>(o.comm_ctas_per_rank) * device::kScheduleWarpsPerCta * El);
-    L.counters = c.take<uint32_t>(protocol::counter_words(g));
+    L.counters[0] = c.take<uint32_t>(protocol::counter_words(g));
+    L.counters[1] = c.take<uint32_t>(protocol::counter_words(g));
+    L.barrier = c.take<protocol::WorldBarrierWords>(1);
     L.maps = c.take<CUtensorMap>(device::kNumMaps);
+    const bool staged = s.process_world;
+    L.staged_x = c.take<uint16_t>(staged ? static_cast<size_t>(T) * H : 0);
+    L.staged_ids = c.take<int32_t>(staged ? static_cast<size_t>(T) * k : 0);
     L.bytes = align_up(c.offset, 1024);
+    if (s.process_world && r != s.me) continue;
     DeviceScope on(s.rank_device[r]);
     MOK_CUDA_CHECK(cudaMalloc(&s.rank_memory[r], L.bytes));
-    if (s.peer_world) {
+    s.rank_base[r] = s.rank_memory[r];
+    // Both counter sets and the barrier words start at zero; device-ordered
+    // passes never zero them from the host again. (Synchronised below: a
+    // process world's peers may write here as soon as they hold our handle.)
+    MOK_CUDA_CHECK(cudaMemset(s.rank_memory[r] + L.counters[0], 0, L.maps - L.counters[0]));
+    if (s.peer_world && !s.device_ordered) {
       cudaEvent_t e;
       MOK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       s.ready.push_back(e);
@@ -301,11 +363,16 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
       s.zeroed.push_back(e);
     }
   }
+  for (int r = 0; r < R; ++r) {
+    if (s.rank_memory[r] == nullptr) continue;
+    DeviceScope on(s.rank_device[r]);
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   FusedForwardParams& p = s.params;
   p.world_size = R;
-  p.first_rank = 0;
-  p.launch_ranks = R;
+  p.first_rank = s.process_world ? s.me : 0;
+  p.launch_ranks = s.process_world ? 1 : R;
   p.hidden = H;
   p.intermediate = I;
   p.shared_width = S;
@@ -323,28 +390,16 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + 256);
     p.trace_capacity = static_cast<uint32_t>(o.trace_events);
   }
-  auto* abort = s.world_words;
-  auto* stall = reinterpret_cast<protocol::StallReport*>(s.world_words + 1);
+  p.epoch = 0;
+  p.barrier_timeout_ns = static_cast<uint64_t>(o.barrier_timeout_seconds * 1e9);
   for (int r = 0; r < R; ++r) {
-    const RankLayout& L = s.layouts[r];
-    uint8_t* base = s.rank_memory[r];
-    RankView& v = p.ranks[r];
-    v.tokens = config.tokens_per_rank[r];
-    v.ring_x = reinterpret_cast<uint16_t*>(base + L.ring_x);
-    v.ring_h = reinterpret_cast<uint16_t*>(base + L.ring_h);
-    v.combine = reinterpret_cast<uint16_t*>(base + L.combine);
-    v.shared_h = reinterpret_cast<uint16_t*>(base + L.shared_h);
-    v.shared_out = reinterpret_cast<uint16_t*>(base + L.shared_out);
-    v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows);
-    v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset);
-    v.rows = reinterpret_cast<RowSource*>(base + L.rows);
-    v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist);
-    v.counters = protocol::carve_counters(L.geometry, reinterpret_cast<uint32_t*>(base + L.counters), abort, stall);
-    v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps);
+    if (s.rank_base[r] != nullptr) s.fill_view(r);
   }
-  for (int r = 0; r < (s.peer_world ? R : 1); ++r) {
+  const bool system_scope = s.peer_world || s.process_world;
+  for (int r = 0; r < R; ++r) {
+    if (s.rank_memory[r] == nullptr || (!system_scope && r > 0)) continue;
     DeviceScope on(s.rank_device[r]);
-    if (s.peer_world) {
+    if (system_scope) {
       MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_system>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
     } else {
@@ -359,14 +414,62 @@ FusedForward::~FusedForward() = default;
 const LayerConfig& FusedForward::config() const { return state_->config; }
 const FusedForwardOptions& FusedForward::options() const { return state_->options; }
 
-void FusedForward::State::upload_maps(std::span<const RankTensors> ranks, int r, cudaStream_t stream) {
+// Rank r's workspace pointers in the table (its base known: owned or mapped).
+// Counters are bound per pass (bind_counters); a process world's peers expose
+// their staged inputs as x and ids.
+void FusedForward::State::fill_view(int r) {
+  const RankLayout& L = layouts[r];
+  uint8_t* base = rank_base[r];
+  RankView& v = params.ranks[r];
+  v.tokens = config.tokens_per_rank[r];
+  v.ring_x = reinterpret_cast<uint16_t*>(base + L.ring_x);
+  v.ring_h = reinterpret_cast<uint16_t*>(base + L.ring_h);
+  v.combine = reinterpret_cast<uint16_t*>(base + L.combine);
+  v.shared_h = reinterpret_cast<uint16_t*>(base + L.shared_h);
+  v.shared_out = reinterpret_cast<uint16_t*>(base + L.shared_out);
+  v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows);
+  v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset);
+  v.rows = reinterpret_cast<RowSource*>(base + L.rows);
+  v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist);
+  v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps);
+  v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + L.barrier);
+  if (process_world) {
+    v.x = reinterpret_cast<const uint16_t*>(base + L.staged_x);
+    v.ids = reinterpret_cast<const int32_t*>(base + L.staged_ids);
+  }
+}
+
+// Host-ordered: every rank's set 0, with the world's abort flag and report in
+// world_words. Device-ordered: set epoch % 2 of every rank, the world's abort
+// flag and report being those of rank 0's set (so they outlive the pass until
+// every host has read them; docs/protocol.md), and the other set idle.
+void FusedForward::State::bind_counters(uint32_t pass_epoch) {
+  const int set = device_ordered ? protocol::counter_set_of(pass_epoch) : 0;
+  uint32_t* abort = world_words;
+  auto* stall = reinterpret_cast<protocol::StallReport*>(world_words + 1);
+  if (device_ordered) {
+    const protocol::ForwardCounters rank0 = protocol::carve_counters(
+        layouts[0].geometry, reinterpret_cast<uint32_t*>(rank_base[0] + layouts[0].counters[set]));
+    abort = rank0.abort;
+    stall = rank0.stall;
+  }
+  for (int r = 0; r < config.world_size; ++r) {
+    if (rank_base[r] == nullptr) continue;
+    const RankLayout& L = layouts[r];
+    RankView& v = params.ranks[r];
+    v.counters = protocol::carve_counters(L.geometry, reinterpret_cast<uint32_t*>(rank_base[r] + L.counters[set]),
+                                          abort, stall);
+    v.idle_counters = reinterpret_cast<uint32_t*>(rank_base[r] + L.counters[1 - set]);
+  }
+}
+
+void FusedForward::State::upload_maps(const RankTensors& t, int r, cudaStream_t stream) {
   const LayerConfig& c = config;
   const int H = c.hidden, I = c.intermediate, S = c.shared_width(), El = c.experts_per_rank();
   const int64_t ring_rows = static_cast<int64_t>(options.ring_slots) * options.minibatch_rows;
   const cuuint64_t h2 = static_cast<cuuint64_t>(H) * 2, i2 = static_cast<cuuint64_t>(I) * 2,
                    s2 = static_cast<cuuint64_t>(S) * 2;
   const RankView& v = params.ranks[r];
-  const RankTensors& t = ranks[r];
   const cuuint64_t T = static_cast<cuuint64_t>(c.tokens_per_rank[r]);
   const cuuint64_t T_pad = align_up(T, kTileM);
   std::array<CUtensorMap, device::kNumMaps> maps{};
@@ -391,13 +494,33 @@ void FusedForward::State::upload_maps(std::span<const RankTensors> ranks, int r,
                                  cudaMemcpyHostToDevice, stream));
 }
 
-// Counters start at zero every pass (a few KB per rank); rank 0 also clears
-// the world's abort flag and stall report.
+// Host-ordered passes: counters start at zero every pass (a few KB per rank);
+// rank 0 also clears the world's abort flag and stall report.
 void FusedForward::State::zero_counters(int r, cudaStream_t stream) {
   if (r == 0) MOK_CUDA_CHECK(cudaMemsetAsync(world_words, 0, 64, stream));
   const RankLayout& L = layouts[r];
-  MOK_CUDA_CHECK(cudaMemsetAsync(rank_memory[r] + L.counters, 0,
+  MOK_CUDA_CHECK(cudaMemsetAsync(rank_memory[r] + L.counters[0], 0,
                                  protocol::counter_words(L.geometry) * sizeof(uint32_t), stream));
+}
+
+void FusedForward::State::check_tensors(const RankTensors& t, int r) const {
+  const bool has_tokens = config.tokens_per_rank[r] > 0;
+  const int S = config.shared_width();
+  const std::string rank = "rank " + std::to_string(r) + ": ";
+  require_device_pointer(t.x, rank + "x", has_tokens);
+  require_device_pointer(t.out, rank + "out", has_tokens);
+  require_device_pointer(t.w13, rank + "w13", true);
+  require_device_pointer(t.w2, rank + "w2", true);
+  require_device_pointer(t.shared_w13, rank + "shared_w13", S > 0);
+  require_device_pointer(t.shared_w2, rank + "shared_w2", S > 0);
+  if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
+    throw Error(rank + "expert_ids and weights must not be null");
+  }
+}
+
+static bool tensors_moved(const RankTensors& old, const RankTensors& t) {
+  return old.x != t.x || old.w13 != t.w13 || old.w2 != t.w2 || old.shared_w13 != t.shared_w13 ||
+         old.shared_w2 != t.shared_w2;
 }
 
 void FusedForward::run(std::span<const RankTensors> ranks, CUstream_st* stream) {
@@ -413,6 +536,9 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
   State& s = *state_;
   const LayerConfig& c = s.config;
   const int R = c.world_size;
+  if (s.process_world) {
+    throw Error("run: a process world runs only this rank's tensors: run(mine, stream)");
+  }
   if (static_cast<int>(ranks.size()) != R) {
     throw Error("run: got tensors for " + std::to_string(ranks.size()) + " ranks; world_size is " + std::to_string(R));
   }
@@ -422,48 +548,101 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
                 (s.peer_world ? "peer world needs one per rank (" : "virtual world needs one (") +
                 std::to_string(expected_streams) + ")");
   }
-  const int S = c.shared_width();
-  bool maps_changed = s.last_tensors.size() != ranks.size();
-  for (int r = 0; r < R; ++r) {
-    const RankTensors& t = ranks[r];
-    const bool has_tokens = c.tokens_per_rank[r] > 0;
-    const std::string rank = "rank " + std::to_string(r) + ": ";
-    require_device_pointer(t.x, rank + "x", has_tokens);
-    require_device_pointer(t.out, rank + "out", has_tokens);
-    require_device_pointer(t.w13, rank + "w13", true);
-    require_device_pointer(t.w2, rank + "w2", true);
-    require_device_pointer(t.shared_w13, rank + "shared_w13", S > 0);
-    require_device_pointer(t.shared_w2, rank + "shared_w2", S > 0);
-    if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
-      throw Error(rank + "expert_ids and weights must not be null");
-    }
-    if (!maps_changed) {
-      const RankTensors& old = s.last_tensors[r];
-      maps_changed = old.x != t.x || old.w13 != t.w13 || old.w2 != t.w2 || old.shared_w13 != t.shared_w13 ||
-                     old.shared_w2 != t.shared_w2;
-    }
+  for (int r = 0; r < R; ++r) s.check_tensors(ranks[r], r);
+  launch(ranks, streams);
+}
+
+void FusedForward::run(const RankTensors& mine, CUstream_st* stream) {
+  State& s = *state_;
+  if (!s.process_world) {
+    throw Error("run(mine): only a process world (options.process_rank >= 0) runs one rank's tensors");
   }
+  if (s.config.world_size > 1 && !s.imported) {
+    throw Error("run: call import_peers() with every rank's handle first (the peers' workspaces are not mapped)");
+  }
+  s.check_tensors(mine, s.me);
+  // Peers read this rank's inputs in its workspace: the caller's tensors are
+  // not shareable (a caching allocator's blocks), the staging copies are.
+  const RankLayout& L = s.layouts[s.me];
+  const int64_t T = s.config.tokens_per_rank[s.me];
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  RankTensors staged = mine;
+  staged.x = s.rank_base[s.me] + L.staged_x;
+  staged.expert_ids = reinterpret_cast<const int32_t*>(s.rank_base[s.me] + L.staged_ids);
+  if (T > 0) {
+    DeviceScope on(s.rank_device[s.me]);
+    // Safe to overwrite: the previous pass's kernel (earlier on this stream)
+    // ended only after every rank finished it (the end barrier).
+    MOK_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(staged.x), mine.x,
+                                   static_cast<size_t>(T) * s.config.hidden * sizeof(uint16_t),
+                                   cudaMemcpyDeviceToDevice, st));
+    MOK_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(staged.expert_ids), mine.expert_ids,
+                                   static_cast<size_t>(T) * s.config.top_k * sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, st));
+  }
+  launch(std::span<const RankTensors>(&staged, 1), std::span<CUstream_st* const>(&stream, 1));
+}
+
+// The launches of one pass. `ranks` holds every rank's tensors, or (process
+// world) this rank's only; `streams` one per launch.
+void FusedForward::launch(std::span<const RankTensors> ranks, std::span<CUstream_st* const> streams) {
+  State& s = *state_;
+  const int R = s.config.world_size;
+  if (s.broken) {
+    throw Error("run: an earlier pass broke this world's barrier (a rank never started or finished a pass); "
+                "this object cannot order passes any more: make a new one");
+  }
+  // Ranks this process launches, and where their tensors are in `ranks`.
+  const int first = s.process_world ? s.me : 0;
+  const int count = s.process_world ? 1 : R;
+  bool maps_changed = s.last_tensors.size() != ranks.size();
+  for (int i = 0; i < count && !maps_changed; ++i) maps_changed = tensors_moved(s.last_tensors[i], ranks[i]);
 
   FusedForwardParams& p = s.params;
-  for (int r = 0; r < R; ++r) {
-    RankView& v = p.ranks[r];
-    v.x = static_cast<const uint16_t*>(ranks[r].x);
-    v.ids = ranks[r].expert_ids;
-    v.weights = ranks[r].weights;
-    v.out = static_cast<uint16_t*>(ranks[r].out);
+  for (int i = 0; i < count; ++i) {
+    RankView& v = p.ranks[first + i];
+    v.x = static_cast<const uint16_t*>(ranks[i].x);
+    v.ids = ranks[i].expert_ids;
+    v.weights = ranks[i].weights;
+    v.out = static_cast<uint16_t*>(ranks[i].out);
   }
+  if (s.device_ordered) {
+    if (s.epoch == UINT32_MAX) throw Error("run: this world ran 2^32 - 1 passes; make a new one");
+    p.epoch = ++s.epoch;
+  }
+  s.bind_counters(p.epoch);
+  auto stream_of = [&](int i) { return reinterpret_cast<cudaStream_t>(streams[static_cast<size_t>(i)]); };
 
-  if (!s.peer_world) {
-    cudaStream_t st = reinterpret_cast<cudaStream_t>(streams[0]);
+  if (s.device_ordered) {
+    // No host ordering at all: each launch waits for the world inside the
+    // kernel (world_barrier_role.cuh), and zeroes its next counter set itself.
+    const bool system_scope = s.peer_world || s.process_world;
+    for (int i = 0; i < (system_scope ? count : 1); ++i) {
+      const int r = first + i;
+      DeviceScope on(s.rank_device[r]);
+      if (system_scope) {
+        if (maps_changed) s.upload_maps(ranks[i], r, stream_of(i));
+        FusedForwardParams mine = p;
+        mine.first_rank = r;
+        mine.launch_ranks = 1;
+        launch_fused<cuda::thread_scope_system>(mine, s.options.ctas_per_rank, stream_of(i));
+      } else {
+        if (maps_changed) {
+          for (int q = 0; q < R; ++q) s.upload_maps(ranks[q], q, stream_of(0));
+        }
+        launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, stream_of(0));
+      }
+    }
+  } else if (!s.peer_world) {
+    cudaStream_t st = stream_of(0);
     // Tensor maps change only when a tensor moves; steady-state runs skip them.
     if (maps_changed) {
-      for (int r = 0; r < R; ++r) s.upload_maps(ranks, r, st);
+      for (int r = 0; r < R; ++r) s.upload_maps(ranks[r], r, st);
     }
     for (int r = 0; r < R; ++r) s.zero_counters(r, st);
     if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), st));
     launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, st);
   } else {
-    auto stream_of = [&](int r) { return reinterpret_cast<cudaStream_t>(streams[r]); };
     // 1. Each GPU marks the end of everything enqueued before this pass (the
     //    previous pass, the producers of this pass's inputs).
     for (int r = 0; r < R; ++r) {
@@ -477,7 +656,7 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
       for (int q = 0; q < R; ++q) {
         if (q != r) MOK_CUDA_CHECK(cudaStreamWaitEvent(stream_of(r), s.ready[q], 0));
       }
-      if (maps_changed) s.upload_maps(ranks, r, stream_of(r));
+      if (maps_changed) s.upload_maps(ranks[r], r, stream_of(r));
       s.zero_counters(r, stream_of(r));
       if (r == 0 && s.trace_memory != nullptr) {
         MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), stream_of(r)));
@@ -499,10 +678,91 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
   if (maps_changed) s.last_tensors.assign(ranks.begin(), ranks.end());
 }
 
+std::vector<uint8_t> FusedForward::export_handle() const {
+  const State& s = *state_;
+  if (!s.process_world) {
+    throw Error("export_handle: only a process world (options.process_rank >= 0) exports its workspace");
+  }
+  world::WorldHandle handle;
+  handle.world_size = s.config.world_size;
+  handle.rank = s.me;
+  handle.fingerprint = world::layout_fingerprint(s.config, s.options, kTileM);
+  handle.bytes = s.layouts[s.me].bytes;
+  cudaDeviceProp prop{};
+  MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[s.me]));
+  std::memcpy(handle.gpu_uuid, &prop.uuid, sizeof(handle.gpu_uuid));
+  DeviceScope on(s.rank_device[s.me]);
+  MOK_CUDA_CHECK(cudaIpcGetMemHandle(&handle.ipc, s.rank_memory[s.me]));
+  return world::pack_handle(handle);
+}
+
+void FusedForward::import_peers(std::span<const std::vector<uint8_t>> handles) {
+  State& s = *state_;
+  const int R = s.config.world_size;
+  if (!s.process_world) {
+    throw Error("import_peers: only a process world (options.process_rank >= 0) imports its peers");
+  }
+  if (s.imported) throw Error("import_peers: the peers are imported already (once per object)");
+  if (static_cast<int>(handles.size()) != R) {
+    throw Error("import_peers: got " + std::to_string(handles.size()) + " handles; world_size is " +
+                std::to_string(R) + " (one per rank, in rank order, this rank's included)");
+  }
+  cudaDeviceProp prop{};
+  MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[s.me]));
+  const uint64_t fingerprint = world::layout_fingerprint(s.config, s.options, kTileM);
+  std::vector<world::WorldHandle> peers;
+  for (int q = 0; q < R; ++q) {
+    const world::WorldHandle h = world::unpack_handle(handles[q], q);
+    const std::string who = "import_peers: handles[" + std::to_string(q) + "]";
+    if (h.world_size != R) {
+      throw Error(who + " comes from a world of " + std::to_string(h.world_size) + " ranks; this one has " +
+                  std::to_string(R));
+    }
+    if (h.rank != q) {
+      throw Error(who + " is rank " + std::to_string(h.rank) + "'s handle (give them in rank order)");
+    }
+    if (h.fingerprint != fingerprint || h.bytes != s.layouts[q].bytes) {
+      throw Error(who + ": rank " + std::to_string(q) + " was made with another layer config or options "
+                  "(dims, tokens per rank, minibatch_rows, ring_slots, comm_ctas_per_rank must be equal on every rank)");
+    }
+    if (q != s.me && std::memcmp(h.gpu_uuid, &prop.uuid, sizeof(h.gpu_uuid)) == 0) {
+      throw Error(who + ": rank " + std::to_string(q) + " runs on this process's GPU too; a process world "
+                  "needs one GPU per rank (each pass needs every SM of its GPU)");
+    }
+    peers.push_back(h);
+  }
+  DeviceScope on(s.rank_device[s.me]);
+  try {
+    for (int q = 0; q < R; ++q) {
+      if (q == s.me) continue;
+      void* base = nullptr;
+      // IPC memory needs no cudaDeviceEnablePeerAccess: the lazy flag maps it
+      // for peer access (NVLink or PCIe P2P).
+      MOK_CUDA_CHECK(cudaIpcOpenMemHandle(&base, peers[q].ipc, cudaIpcMemLazyEnablePeerAccess));
+      s.rank_base[q] = static_cast<uint8_t*>(base);
+      s.ipc_mapped.push_back(q);
+      s.fill_view(q);
+    }
+  } catch (...) {
+    s.close_mappings();
+    throw;
+  }
+  s.imported = true;
+}
+
+void FusedForward::close_peers() {
+  State& s = *state_;
+  if (!s.process_world) throw Error("close_peers: only a process world maps peers");
+  DeviceScope on(s.rank_device[s.me]);
+  // No pass of ours may still read or write the mappings.
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  s.close_mappings();
+}
+
 void FusedForward::check(std::span<CUstream_st* const> streams) {
   State& s = *state_;
   for (size_t i = 0; i < streams.size(); ++i) {
-    DeviceScope on(s.rank_device[s.peer_world ? i : 0]);
+    DeviceScope on(s.rank_device[s.peer_world ? i : (s.process_world ? s.me : 0)]);
     MOK_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(streams[i])));
   }
   check_report();
@@ -517,10 +777,47 @@ void FusedForward::check(CUstream_st* stream) {
   check(std::span<CUstream_st* const>(&stream, 1));
 }
 
+// Device-ordered: a barrier wait that gave up (on any rank this object
+// serves) breaks the world for good; it explains any other report, so it
+// comes first.
+void FusedForward::State::check_barrier_reports() {
+  for (int r = 0; r < config.world_size; ++r) {
+    if (rank_memory[r] == nullptr) continue;
+    protocol::WorldBarrierWords words;
+    {
+      DeviceScope on(rank_device[r]);
+      MOK_CUDA_CHECK(cudaMemcpy(&words, rank_memory[r] + layouts[r].barrier, sizeof(words), cudaMemcpyDeviceToHost));
+    }
+    if (words.broken == 0) continue;
+    broken = true;
+    const protocol::StallReport& report = words.stall;
+    const bool start = report.counter == static_cast<uint32_t>(protocol::CounterId::kWorldStarted);
+    using std::to_string;
+    throw Error("fused forward: rank " + to_string(report.waiter) + " waited " +
+                to_string(options.barrier_timeout_seconds) + " s for rank " + to_string(report.owner) + " to " +
+                (start ? "start" : "finish") + " pass " + to_string(report.target) + " (it had " +
+                (start ? "started" : "finished") + " pass " + to_string(report.observed) +
+                "). Every rank must run every pass (the same number of run() calls), on a GPU it has to "
+                "itself; this world object cannot run further passes (" + options.describe() + ")");
+  }
+}
+
 void FusedForward::check_report() {
   State& s = *state_;
   uint32_t words[1 + sizeof(protocol::StallReport) / 4];
-  {
+  if (s.device_ordered) {
+    if (s.epoch == 0) return;
+    s.check_barrier_reports();
+    // The pass's abort flag and report: rank 0's set of this pass, stable
+    // until the end of the next pass (which this host has not enqueued).
+    const int set = protocol::counter_set_of(s.epoch);
+    const protocol::ForwardCounters rank0 = protocol::carve_counters(
+        s.layouts[0].geometry, reinterpret_cast<uint32_t*>(s.rank_base[0] + s.layouts[0].counters[set]));
+    static_assert(sizeof(words) == sizeof(uint32_t) + sizeof(protocol::StallReport));
+    DeviceScope on(s.report_device());
+    MOK_CUDA_CHECK(cudaMemcpy(words, rank0.abort, sizeof(uint32_t), cudaMemcpyDefault));
+    MOK_CUDA_CHECK(cudaMemcpy(words + 1, rank0.stall, sizeof(protocol::StallReport), cudaMemcpyDefault));
+  } else {
     DeviceScope on(s.rank_device[0]);
     MOK_CUDA_CHECK(cudaMemcpy(words, s.world_words, sizeof(words), cudaMemcpyDeviceToHost));
   }

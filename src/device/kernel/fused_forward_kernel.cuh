@@ -19,6 +19,7 @@
 #include "device/roles/role_context.cuh"
 #include "device/roles/schedule_role.cuh"
 #include "device/trace/trace_record.cuh"
+#include "device/roles/world_barrier_role.cuh"
 
 namespace mok::device {
 
@@ -54,6 +55,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
+  // Device-ordered passes: the world barrier frames the pass (no-ops otherwise).
+  if (!world_start(ctx, cta)) return world_finish<kScope>(params, kFusedWarps);
 
   if (cta < comm) {
     auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
@@ -66,6 +69,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     // abort for everyone at once (a warp skipping it would hang the others).
     const bool dispatched = dispatch(ctx, dispatch_smem, cta);
     if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps, warp == kFusedWarps - 1);
+    world_finish<kScope>(params, kFusedWarps);
     return;
   }
 
@@ -90,11 +94,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
     if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
+    world_finish<kScope>(params, kFusedWarps);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
     const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);
     const int gemm_cta = cta - comm;
     if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
+    world_finish<kScope>(params, kFusedWarps);
   }
 }
 

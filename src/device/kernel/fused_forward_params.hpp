@@ -12,6 +12,7 @@
 #include "mok/pass_trace.hpp"
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
 
 namespace mok::device {
 
@@ -47,6 +48,10 @@ struct RankView {
   int32_t* schedule_hist;  // [schedule warps, El] chunk counts, then their exclusive scans
   protocol::ForwardCounters counters;
   const CUtensorMap* maps;  // [kNumMaps]
+  // Device-ordered passes (protocol/world_barrier.hpp): the rank's barrier
+  // words, and its counter set this pass does not use (zeroed at its end).
+  protocol::WorldBarrierWords* barrier;
+  uint32_t* idle_counters;
 };
 
 struct FusedForwardParams {
@@ -73,6 +78,8 @@ struct FusedForwardParams {
   TraceEvent* trace;
   uint32_t* trace_count;  // events appended (may exceed the capacity)
   uint32_t trace_capacity;
+  uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
+  uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
 };
 
 }  // namespace mok::device

@@ -1,0 +1,132 @@
+"""mok over torch.distributed: the fused MoE forward with one process per GPU.
+
+Each process (e.g. one per GPU under ``torchrun --nproc-per-node N``) owns
+one rank of an expert-parallel world: its tokens, its experts (E / R of
+them) and its workspace on its GPU. The ranks exchange their workspaces as
+CUDA IPC handles (all-gathered over the process group once, at
+construction) and then order every pass on the GPUs themselves (the
+kernel's start and end barriers; docs/protocol.md, "Device-ordered passes"):
+no collective runs per pass.
+
+    from mok.distributed import FusedMoEWorld, apply_no_multicast_env
+    apply_no_multicast_env()            # before init_process_group
+    dist.init_process_group("nccl")
+    world = FusedMoEWorld(dist.group.WORLD, tokens_per_rank, hidden, intermediate,
+                          num_experts, top_k, shared_intermediate)
+    out = world(x, expert_ids, weights, w13, w2, shared_w13, shared_w2)
+    world.close()                       # collective
+
+Rules: every rank calls forward the same number of times, in the same
+order relative to other collectives (the GPUs wait for each other inside the
+kernel, which holds every SM of its GPU meanwhile); each rank has a GPU to
+itself; token counts per rank are fixed per world object.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import mok  # noqa: F401  (loads libmok_torch.so, which registers the ops)
+
+# NVLink multicast (NVLS) must stay off on shared machines: it can take a
+# node's GPUs out of service. mok never uses it; these keep NCCL, torch's
+# symmetric memory and NVSHMEM from using it either.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def apply_no_multicast_env() -> None:
+    """Sets NO_MULTICAST_ENV in os.environ (call before init_process_group)."""
+    os.environ.update(NO_MULTICAST_ENV)
+
+
+def _raise_if(failed: bool) -> None:
+    if failed:
+        raise RuntimeError(torch.ops.mok.process_world_error())
+
+
+class FusedMoEWorld:
+    """This process's rank of a process world running the fused MoE forward.
+
+    group: the torch.distributed process group of the expert-parallel world
+    (its rank order is the world's rank order). tokens_per_rank: tokens of
+    every rank, the same list on every rank. num_experts: E for the whole
+    world (a multiple of the group size). shared_intermediate: S of the shared
+    expert, 0 for none. device: this rank's GPU (default: the current one).
+    The other arguments are FusedForwardOptions (include/mok/fused_forward.hpp).
+    """
+
+    def __init__(self, group, tokens_per_rank, hidden: int, intermediate: int, num_experts: int,
+                 top_k: int, shared_intermediate: int = 0, *, minibatch_rows: int = 1024,
+                 ring_slots: int = 4, ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0,
+                 lookahead: int = 2, timeout_seconds: float = 5.0,
+                 barrier_timeout_seconds: float = 60.0, device=None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.tokens_per_rank = [int(t) for t in tokens_per_rank]
+        if len(self.tokens_per_rank) != self.world_size:
+            raise ValueError("tokens_per_rank has %d entries; the group has %d ranks"
+                             % (len(self.tokens_per_rank), self.world_size))
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
+                                   else torch.device(device).index)
+        self._id = torch.ops.mok.process_world_create(
+            self.rank, self.tokens_per_rank, hidden, intermediate, num_experts, top_k,
+            shared_intermediate, minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank,
+            lookahead, float(timeout_seconds), float(barrier_timeout_seconds), self.device.index)
+        _raise_if(self._id == 0)
+        if self.world_size > 1:  # a world of one needs no IPC at all
+            self._exchange_handles()
+
+    def _exchange_handles(self) -> None:
+        mine = torch.ops.mok.process_world_export(self._id)
+        _raise_if(mine.numel() == 0)
+        # NCCL gathers CUDA tensors, gloo CPU ones.
+        on_gpu = dist.get_backend(self.group) == "nccl"
+        local = mine.to(self.device) if on_gpu else mine
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local, group=self.group)
+        handles = torch.stack([h.cpu() for h in gathered])
+        _raise_if(not torch.ops.mok.process_world_import(self._id, handles))
+        # Nobody may launch a pass before every rank has mapped its peers
+        # (a pass writes into every peer's memory).
+        dist.barrier(group=self.group)
+
+    def forward(self, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
+                check_errors: bool = False):
+        """This rank's output [T_r, H] bf16 for its tokens.
+
+        x [T_r, H] bf16, expert_ids [T_r, k] int32 (global ids), weights
+        [T_r, k] fp32, w13 [E/R, 2I, H] and w2 [E/R, H, I] bf16 (this rank's
+        experts), shared_w13 [2S, H] and shared_w2 [H, S] bf16 or None; all on
+        this rank's GPU. Enqueued on the current stream; bitwise identical to
+        the virtual world (mok.fused_forward) on the same global batch.
+        check_errors=True synchronises and raises on a failed pass.
+        """
+        if self._id == 0:
+            raise RuntimeError("mok: this FusedMoEWorld is closed")
+        out = torch.ops.mok.process_world_run(self._id, x, expert_ids, weights, w13, w2,
+                                              shared_w13, shared_w2, check_errors)
+        _raise_if(not out)
+        return out[0]
+
+    __call__ = forward
+
+    def close(self) -> None:
+        """Collective: unmaps the peers, waits for every rank, frees this rank's memory."""
+        if self._id == 0:
+            return
+        _raise_if(not torch.ops.mok.process_world_close_peers(self._id))
+        if self.world_size > 1:
+            dist.barrier(group=self.group)  # nobody frees memory a peer still maps
+        _raise_if(not torch.ops.mok.process_world_destroy(self._id))
+        self._id = 0
+
+
+__all__ = ["FusedMoEWorld", "NO_MULTICAST_ENV", "apply_no_multicast_env"]

@@ -1,0 +1,127 @@
+"""mok.distributed.FusedMoEWorld (the process world: one process per GPU)
+against the virtual world (mok.fused_forward) on the same global batch:
+bitwise equal, over several passes with inputs changing between them.
+
+(a) a world of one process, in this process (a single-rank gloo group; no
+    IPC is involved);
+(b) worlds of 2 (and 4 or 8 where that many GPUs exist) processes, spawned
+    with torch.multiprocessing, NCCL; skipped with fewer than 2 GPUs.
+"""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+
+import mok  # noqa: E402
+from mok.distributed import FusedMoEWorld, apply_no_multicast_env  # noqa: E402
+
+H, I, E, K, S = 256, 128, 8, 2, 128
+GLOBAL_TOKENS = 256
+PASSES = 6
+
+
+def _global_layer(seed, device):
+    """The whole world's batch and experts, the same on every process."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = (torch.rand(GLOBAL_TOKENS, H, generator=g) * 2 - 1).bfloat16()
+    top = torch.topk(torch.rand(GLOBAL_TOKENS, E, generator=g), K, dim=1)
+    ids = top.indices.int()
+    w = torch.softmax(top.values, dim=1).float()
+    w13 = ((torch.rand(E, 2 * I, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
+    w2 = ((torch.rand(E, H, I, generator=g) * 2 - 1) / I ** 0.5).bfloat16()
+    sw13 = ((torch.rand(2 * S, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
+    sw2 = ((torch.rand(H, S, generator=g) * 2 - 1) / S ** 0.5).bfloat16()
+    return [t.to(device) for t in (x, ids, w, w13, w2, sw13, sw2)]
+
+
+def _rank_slice(layer, rank, world):
+    """Rank `rank`'s tokens and experts of the global layer."""
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    t, e = GLOBAL_TOKENS // world, E // world
+    part = lambda a, n: a[rank * n:(rank + 1) * n].contiguous()  # noqa: E731
+    return part(x, t), part(ids, t), part(w, t), part(w13, e), part(w2, e), sw13, sw2
+
+
+def _virtual(layer, world):
+    """The virtual world's output of the global batch split over `world` ranks on one GPU."""
+    parts = [_rank_slice(layer, r, world) for r in range(world)]
+    out = mok.fused_forward([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
+                            [p[3] for p in parts], [p[4] for p in parts], layer[5], layer[6],
+                            num_experts=E, check_errors=True)
+    return torch.cat(out)
+
+
+def _same_bits(a, b):
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_world_of_one_process_matches_the_virtual_world_bitwise():
+    store_dir = tempfile.mkdtemp()
+    store = dist.FileStore(os.path.join(store_dir, "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        layers = [_global_layer(seed, "cuda") for seed in (1, 2)]
+        expected = [_virtual(layer, 1) for layer in layers]
+        assert _same_bits(expected[0], _virtual(layers[0], 4))  # any world size, the same bits
+        world = FusedMoEWorld(dist.group.WORLD, [GLOBAL_TOKENS], H, I, E, K, S,
+                              minibatch_rows=256, ring_slots=2)
+        for p in range(PASSES):
+            layer = layers[p % 2]
+            out = world(*_rank_slice(layer, 0, 1), check_errors=True)
+            assert _same_bits(out, expected[p % 2]), "pass %d" % p
+        with pytest.raises(RuntimeError, match="x \\(this rank's tokens"):
+            x, ids, w, w13, w2, sw13, sw2 = _rank_slice(layers[0], 0, 1)
+            world(x[:10].contiguous(), ids, w, w13, w2, sw13, sw2)
+        world.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _child(rank, world, store_path, result_dir):
+    apply_no_multicast_env()
+    torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    try:
+        layers = [_global_layer(seed, "cuda") for seed in (3, 4)]
+        expected = None
+        if rank == 0:  # the virtual world on rank 0's GPU, before any pass of the process world
+            expected = [_virtual(layer, world) for layer in layers]
+        fused = FusedMoEWorld(dist.group.WORLD, [GLOBAL_TOKENS // world] * world, H, I, E, K, S,
+                              minibatch_rows=256, ring_slots=2)
+        outs = []
+        for p in range(PASSES):  # no host synchronisation between passes
+            outs.append(fused(*_rank_slice(layers[p % 2], rank, world)))
+        torch.cuda.synchronize()
+        for p, out in enumerate(outs):
+            gathered = [torch.empty_like(out) for _ in range(world)]
+            dist.all_gather(gathered, out)
+            if rank == 0:
+                assert _same_bits(torch.cat(gathered), expected[p % 2]), "pass %d" % p
+        # A last pass with the error check on every rank.
+        fused(*_rank_slice(layers[0], rank, world), check_errors=True)
+        fused.close()
+        open(os.path.join(result_dir, "rank%d.ok" % rank), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_world_of_processes_matches_the_virtual_world_bitwise(world):
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip("needs 2 or more GPUs (found %d)" % gpus)
+    if world > gpus:
+        pytest.skip("needs %d GPUs (found %d)" % (world, gpus))
+    work = tempfile.mkdtemp()
+    mp.spawn(_child, args=(world, os.path.join(work, "store"), work), nprocs=world, join=True)
+    for rank in range(world):
+        assert os.path.exists(os.path.join(work, "rank%d.ok" % rank)), "rank %d did not finish" % rank
