@@ -269,7 +269,9 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   }
   const int ranks_per_gpu = s.peer_world || s.process_world ? 1 : R;
   if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / ranks_per_gpu;
-  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 12);
+  // One dispatch CTA per 40 SMs: on an H200 at R = 1, 3 CTAs keep up with the
+  // GEMMs (docs/perf-notes.md, f4); more only take SMs from them.
+  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 40);
   require(o.ctas_per_rank * ranks_per_gpu <= sms, "ctas_per_rank", o.ctas_per_rank,
           ("times the ranks per GPU must not exceed the " + std::to_string(sms) +
            " SMs: every CTA must be resident at once").c_str());

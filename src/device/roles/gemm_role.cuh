@@ -273,10 +273,13 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     }
     if (tracer) smem.trace_stores_end = trace_now();
     // Hand the task to the signaler. Each warp orders its generic stores
-    // before later async-proxy (TMA) reads on other SMs, then arrives; the
+    // before later async-proxy (TMA) reads on other SMs where there are any,
+    // then arrives; the
     // arrival (release, CTA scope) and the signaler's wait (acquire) put
     // these stores before the signaler's release of the counters.
-    fence_proxy_async_global();
+    // Only h and shared_h are read by TMA; combine rows and shared_out are
+    // read with plain loads, so down tasks skip the (costly) proxy fence.
+    if (is_gate_up(task.kind)) fence_proxy_async_global();
     __syncwarp();
     if (lane == 0) {
       mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
