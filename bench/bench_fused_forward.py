@@ -140,7 +140,7 @@ def main():
             t_native = median_ms(lambda: torch_native(*layer))
             sweeps = [(f"R={R} virtual", dict(R=R)) for R in (2, 4, 8)]
             sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
-            sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 6)]
+            sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 11)]
             sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (512, 2048)]
             for cfg, kw in sweeps:
                 R = kw.pop("R", 1)
