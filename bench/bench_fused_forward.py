@@ -5,7 +5,9 @@ gather, torch._grouped_mm (gate/up), SwiGLU, torch._grouped_mm (down), scatter
 back, fp32 weighted sum over the k slots, plus the shared expert as dense
 matmuls. Both sides get the same bf16 inputs. Useful FLOPs only (no padding):
 6 * (T + T*k) * H * I with one shared expert of width I (the MoK count).
-Times are medians of CUDA-event timings after warm-up. The dense bf16 peak is
+Times are medians of CUDA-event timings after warm-up, native and fused timed
+in alternating rounds (each row's own native time), so that clock and
+temperature drift over the run weighs on both alike. The dense bf16 peak is
 measured in the same run (8192^3 matmul). Prints a table last.
 
 usage: python3 bench/bench_fused_forward.py [--quick]
@@ -37,6 +39,26 @@ def median_ms(fn, warmup=5, iters=20):
         times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2]
+
+
+def paired_ms(fn_a, fn_b, rounds=5, iters=4):
+    """Medians of fn_a and fn_b timed in alternating rounds, so that clock and
+    temperature drift during the run weighs on both alike."""
+    for _ in range(3):
+        fn_a()
+        fn_b()
+    torch.cuda.synchronize()
+    times = ([], [])
+    for _ in range(rounds):
+        for fn, out in ((fn_a, times[0]), (fn_b, times[1])):
+            for _ in range(iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end))
+    return tuple(sorted(t)[len(t) // 2] for t in times)
 
 
 def dense_peak_tflops():
@@ -130,21 +152,19 @@ def main():
             ref = torch_native(*layer)
             out = fused(1, layer, check=True)()[0]
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-            t_native = median_ms(lambda: torch_native(*layer))
-            t_fused = median_ms(fused(1, layer))
+            t_native, t_fused = paired_ms(lambda: torch_native(*layer), fused(1, layer))
             label = name + (" skewed" if skew else "")
             rows.append((label, "R=1", t_native, t_fused, flops, err))
             print(f"{label}: native {t_native:.3f} ms, fused {t_fused:.3f} ms, rel err vs native {err:.2e}", flush=True)
         if name == "dsv3-ep8-slice":
             layer = make_layer(T, H, I, E, k, shared)
-            t_native = median_ms(lambda: torch_native(*layer))
             sweeps = [(f"R={R} virtual", dict(R=R)) for R in (2, 4, 8)]
             sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
             sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 11)]
             sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (512, 2048)]
             for cfg, kw in sweeps:
                 R = kw.pop("R", 1)
-                t = median_ms(fused(R, layer, **kw))
+                t_native, t = paired_ms(lambda: torch_native(*layer), fused(R, layer, **kw))
                 rows.append((name, cfg, t_native, t, flops, float("nan")))
                 print(f"{name} {cfg}: fused {t:.3f} ms", flush=True)
 

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     for (int s = 0; s < kTaskSlots; ++s) {
       mbarrier_init(&gemm_smem.task_full[s], 1);
       mbarrier_init(&gemm_smem.task_empty[s], FusedPlainCfg::kConsumerWarps);
+      mbarrier_init(&gemm_smem.rows_ready[s], 1);
     }
     for (int s = 0; s < kDoneSlots; ++s) {
       mbarrier_init(&gemm_smem.done_full[s], FusedPlainCfg::kConsumerWarps);
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
     if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
+    if (threadIdx.x / 32 == 2) gemm_row_resolver(ctx, gemm_smem);
     world_finish<kScope>(params, kFusedWarps);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();

@@ -55,6 +55,9 @@ struct FusedGemmShared {
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
+  // Down tasks: where each of the tile's rows goes (null: padding), by task slot.
+  uint16_t* row_destination[kTaskSlots][FusedPlainCfg::kBlockM];
+  uint64_t rows_ready[kTaskSlots];
   GemmTask done[kDoneSlots];
   uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
   uint64_t done_empty[kDoneSlots];  // the signaler took the task
@@ -91,11 +94,16 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   int slot = 0;
   uint32_t phase = 0;
 
+  // The next ticket is taken while the current task's operands stream, so
+  // its atomic is off the path between two tasks. (Still deadlock-free: a CTA
+  // works its tickets in increasing order, so the smallest unfinished ticket
+  // is always the one its holder works on.)
+  int64_t next_ticket = protocol::take_ticket(ctx.sync, v.counters);
   for (;;) {
     GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
     const uint64_t wait_begin = trace_now();
     if (ctx.sync.load_relaxed(v.counters.abort) == 0) {
-      const int64_t ticket = protocol::take_ticket(ctx.sync, v.counters);
+      const int64_t ticket = next_ticket;
       bool ok = true;
       if (ticket >= shared_tasks && !have_schedule) {
         ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
@@ -147,6 +155,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
       phase ^= 1u;
     }
     if (task.kind == TaskKind::kNone) return;
+    next_ticket = protocol::take_ticket(ctx.sync, v.counters);
 
     // Stream its operands.
     const bool gate_up = is_gate_up(task.kind);
@@ -192,13 +201,16 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   for (;;) {
     mbarrier_wait_parity(&smem.task_full[slot], phase);
     const GemmTask task = smem.tasks[slot];
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&smem.task_empty[slot]);
+    // The slot (and its resolved rows) stays ours until the epilogue is done.
+    const int task_slot = slot;
+    const uint32_t task_phase = phase;
     if (++slot == kTaskSlots) {
       slot = 0;
       phase ^= 1u;
     }
     if (task.kind == TaskKind::kNone) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
       // Tell the signaler the list is over (after every earlier task).
       if (lane == 0) {
         mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
@@ -228,10 +240,12 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
+    // Every task, not only down tasks: the resolver must be done with this
+    // slot before the consumers give it back to the producer.
+    mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase);
 
     const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
-    const int top_k = ctx.params.top_k;
-    switch (task.kind) {
+      switch (task.kind) {
       case TaskKind::kSharedGateUp: {
         const int32_t row0 = task.row0, tokens = v.tokens;
         store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
@@ -259,18 +273,17 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         break;
       }
       case TaskKind::kDown: {
-        const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * g.tile_m;
+        // The row resolver put each row's destination in shared memory
+        // during the mainloop.
+        uint16_t* const* destinations = smem.row_destination[task_slot];
         store_tile_rows<FusedPlainCfg>(acc, smem.storage, consumer, task.n_tile * kDownOutCols, H,
-                                       [&](int i) -> uint16_t* {
-                                         const RowSource src = load_row_source(&rows[i]);
-                                         if (is_padding(src)) return nullptr;
-                                         return ctx.params.ranks[src.rank].combine +
-                                                (static_cast<int64_t>(src.token) * top_k + src.slot) * H;
-                                       });
+                                       [&](int i) -> uint16_t* { return destinations[i]; });
         break;
       }
       case TaskKind::kNone: break;
     }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
     if (tracer) smem.trace_stores_end = trace_now();
     // Hand the task to the signaler. Each warp orders its generic stores
     // before later async-proxy (TMA) reads on other SMs where there are any,
@@ -301,6 +314,41 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
                    smem.trace_mainloop_end, smem.trace_stores_end);
       trace_record(ctx.params, TraceKind::kHandoff, static_cast<int32_t>(task.kind), ctx.rank,
                    smem.trace_stores_end, end);
+    }
+  }
+}
+
+// The row resolver (one warp of the producer warpgroup): for each down task
+// the producer posts, looks up where each of its 128 rows goes -- the home
+// rank's combine row of that (token, slot) -- while the consumers run the
+// mainloop, so their epilogue does not wait on those loads. Every task gets
+// a rows_ready arrival, so the consumers' phases stay in step.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  const int lane = threadIdx.x % 32;
+  const int H = ctx.params.hidden, top_k = ctx.params.top_k;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (;;) {
+    mbarrier_wait_parity(&smem.task_full[slot], phase);
+    const GemmTask task = smem.tasks[slot];
+    if (task.kind == TaskKind::kNone) return;
+    if (task.kind == TaskKind::kDown) {
+      const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
+      for (int i = lane; i < FusedPlainCfg::kBlockM; i += 32) {
+        const RowSource src = load_row_source(&rows[i]);
+        smem.row_destination[slot][i] =
+            is_padding(src) ? nullptr
+                            : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * H;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&smem.rows_ready[slot]);
+    if (++slot == kTaskSlots) {
+      slot = 0;
+      phase ^= 1u;
     }
   }
 }
