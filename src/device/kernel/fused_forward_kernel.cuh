@@ -39,6 +39,7 @@ constexpr int fused_smem_bytes() {
                               : sizeof(ScheduleShared)) +
          1024;
 }
+static_assert(fused_smem_bytes() <= 232448, "the fused kernel's shared memory exceeds an H100/H200 SM's 227 KB");
 
 template <cuda::thread_scope kScope>
 __global__ void __launch_bounds__(kFusedThreads, 1)

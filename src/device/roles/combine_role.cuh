@@ -36,6 +36,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
 }
 
 inline constexpr int kCombineBatch = 8;
+inline constexpr int kCombineSpans = 2;
 static_assert(kMaxTopK % kCombineBatch == 0);
 
 // `warp` and `warps` number the participating warps of this rank.
@@ -72,34 +73,53 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
 #pragma unroll
     for (int j = 0; j < kMaxTopK; ++j) w[j] = j < k ? __ldg(&v.weights[static_cast<int64_t>(t) * k + j]) : 0.f;
     const uint16_t* y0 = v.combine + static_cast<int64_t>(t) * k * H;
-    for (int c = lane * 8; c < H; c += 32 * 8) {
-      float acc[8];
-      unpack_bf16x8(has_shared ? __ldcg(reinterpret_cast<const uint4*>(v.shared_out + static_cast<int64_t>(t) * H + c))
-                               : make_uint4(0, 0, 0, 0),  // +0.0 without a shared expert
-                    acc);
-      // Slots in batches of kCombineBatch: each batch's loads are issued
-      // together (one memory latency per batch, not per slot), then summed
-      // in slot order.
+    // Each step covers kCombineSpans spans of 256 columns (8 per lane), and
+    // issues the loads of all its spans and of a batch of kCombineBatch slots
+    // together: one memory latency per batch, not per slot and span. Sums
+    // stay per column in slot order.
+    for (int c0 = lane * 8; c0 < H; c0 += kCombineSpans * 32 * 8) {
+      float acc[kCombineSpans][8];
+#pragma unroll
+      for (int u = 0; u < kCombineSpans; ++u) {
+        const int c = c0 + u * 32 * 8;
+        unpack_bf16x8(has_shared && c < H
+                          ? __ldcg(reinterpret_cast<const uint4*>(v.shared_out + static_cast<int64_t>(t) * H + c))
+                          : make_uint4(0, 0, 0, 0),  // +0.0 without a shared expert
+                      acc[u]);
+      }
 #pragma unroll
       for (int j0 = 0; j0 < kMaxTopK; j0 += kCombineBatch) {
         if (j0 < k) {
-          uint4 raw[kCombineBatch];
+          uint4 raw[kCombineSpans][kCombineBatch];
 #pragma unroll
-          for (int j = 0; j < kCombineBatch; ++j) {
-            if (j0 + j < k) raw[j] = __ldcg(reinterpret_cast<const uint4*>(y0 + static_cast<int64_t>(j0 + j) * H + c));
+          for (int u = 0; u < kCombineSpans; ++u) {
+            const int c = c0 + u * 32 * 8;
+#pragma unroll
+            for (int j = 0; j < kCombineBatch; ++j) {
+              if (j0 + j < k && c < H) {
+                raw[u][j] = __ldcg(reinterpret_cast<const uint4*>(y0 + static_cast<int64_t>(j0 + j) * H + c));
+              }
+            }
           }
 #pragma unroll
-          for (int j = 0; j < kCombineBatch; ++j) {
-            if (j0 + j < k) {
-              float y[8];
-              unpack_bf16x8(raw[j], y);
+          for (int u = 0; u < kCombineSpans; ++u) {
 #pragma unroll
-              for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[j0 + j], y[i], acc[i]);
+            for (int j = 0; j < kCombineBatch; ++j) {
+              if (j0 + j < k) {
+                float y[8];
+                unpack_bf16x8(raw[u][j], y);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[u][i] = __fmaf_rn(w[j0 + j], y[i], acc[u][i]);
+              }
             }
           }
         }
       }
-      *reinterpret_cast<uint4*>(v.out + static_cast<int64_t>(t) * H + c) = pack_bf16x8(acc);
+#pragma unroll
+      for (int u = 0; u < kCombineSpans; ++u) {
+        const int c = c0 + u * 32 * 8;
+        if (c < H) *reinterpret_cast<uint4*>(v.out + static_cast<int64_t>(t) * H + c) = pack_bf16x8(acc[u]);
+      }
     }
   }
   if (tracer && lane == 0) {

@@ -27,6 +27,7 @@
 #include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/roles/role_context.cuh"
+#include "device/roles/schedule_role.cuh"
 #include "device/trace/trace_record.cuh"
 
 namespace mok::device {
@@ -61,6 +62,7 @@ struct FusedGemmShared {
   GemmTask done[kDoneSlots];
   uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
   uint64_t done_empty[kDoneSlots];  // the signaler took the task
+  int32_t expert_offset[kMaxScheduleExperts + 1];  // the producer's copy of the rank's schedule offsets
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
   uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
@@ -70,12 +72,15 @@ __device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
   return kind == protocol::TaskKind::kGateUp || kind == protocol::TaskKind::kSharedGateUp;
 }
 
-// The local expert whose padded block holds schedule row `row`.
+// The local expert whose padded block holds schedule row `row`, by binary
+// search over the producer's shared-memory copy of the expert offsets (a
+// search over global memory would be a chain of dependent L2 round trips on
+// the path between two tasks).
 __device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, int32_t num_local, int32_t row) {
   int32_t lo = 0, hi = num_local - 1;  // answer in [lo, hi]
   while (lo < hi) {
     const int32_t mid = (lo + hi + 1) / 2;
-    if (__ldcg(&expert_offset[mid]) <= row) lo = mid; else hi = mid - 1;
+    if (expert_offset[mid] <= row) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
@@ -99,15 +104,19 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   // works its tickets in increasing order, so the smallest unfinished ticket
   // is always the one its holder works on.)
   int64_t next_ticket = protocol::take_ticket(ctx.sync, v.counters);
+  bool aborted = false;
   for (;;) {
     GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
     const uint64_t wait_begin = trace_now();
-    if (ctx.sync.load_relaxed(v.counters.abort) == 0) {
+    if (!aborted) {
       const int64_t ticket = next_ticket;
       bool ok = true;
       if (ticket >= shared_tasks && !have_schedule) {
         ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
-        if (ok) g = ctx.geometry(ctx.padded_rows());
+        if (ok) {
+          g = ctx.geometry(ctx.padded_rows());
+          for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
+        }
         have_schedule = true;
       }
       if (ok && ticket < protocol::task_count(g)) {
@@ -124,7 +133,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
             break;
           case TaskKind::kGateUp:
             task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
-            task.expert = expert_of_row(v.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+            task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
             // Its x rows are in the ring, and its h slot was read by the
             // previous generation's down tasks (smaller tickets).
             ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank) &&
@@ -132,7 +141,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
             break;
           case TaskKind::kDown:
             task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
-            task.expert = expert_of_row(v.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+            task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
             ok = protocol::wait_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
             break;
           case TaskKind::kNone: break;
@@ -155,7 +164,11 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
       phase ^= 1u;
     }
     if (task.kind == TaskKind::kNone) return;
+    // Both loads complete while the operands stream (their values are used
+    // only at the next task). An abort seen here ends the list there; one
+    // raised later is seen by the next task's waits.
     next_ticket = protocol::take_ticket(ctx.sync, v.counters);
+    aborted = ctx.sync.load_relaxed(v.counters.abort) != 0;
 
     // Stream its operands.
     const bool gate_up = is_gate_up(task.kind);
