@@ -46,7 +46,8 @@ struct FusedForwardOptions {
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 40 (at least 1)
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
   std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
-  int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events (trace())
+  int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events in all,
+                              // shared equally by the world's CTAs (trace())
   bool device_ordered = false;  // order passes by in-kernel barriers, not host-side zeroing (see above)
   int process_rank = -1;        // >= 0: a process world, this object being that rank (forces device_ordered)
   double barrier_timeout_seconds = 60.0;  // device-ordered: how long a rank waits for the others to start
@@ -113,7 +114,7 @@ class FusedForward {
 
   // The timeline of the last pass (options.trace_events > 0): waits for it,
   // then returns its events in no particular order. Throws mok::Error if
-  // tracing is off or the pass recorded more events than trace_events.
+  // tracing is off or a CTA recorded more than its share of trace_events.
   std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
 
   const LayerConfig& config() const;

@@ -152,7 +152,8 @@ struct FusedForward::State {
   uint32_t* world_words = nullptr;  // host-ordered: on rank 0's GPU: [0] abort, [1..] StallReport
   uint32_t epoch = 0;               // device-ordered: the last pass enqueued (0: none yet)
   bool broken = false;              // a barrier wait gave up: no further pass can be ordered
-  uint8_t* trace_memory = nullptr;  // the event count, then the events (on the GPU of the first rank served)
+  uint8_t* trace_memory = nullptr;  // per world block: its event count; then its events (on rank 0's GPU)
+  size_t trace_blocks = 0, trace_per_block = 0;
   FusedForwardParams params{};
   std::vector<RankTensors> last_tensors;  // tensor maps were built for these
   // Peer world: per rank, "everything before this pass is done" and
@@ -190,6 +191,7 @@ struct FusedForward::State {
 
   // The GPU the host reads the pass's reports on (rank 0's, or ours in a process world).
   int report_device() const { return process_world ? rank_device[me] : rank_device[0]; }
+  size_t trace_count_bytes() const { return align_up(trace_blocks * sizeof(uint32_t), 256); }
   void fill_view(int r);
   void bind_counters(uint32_t pass_epoch);
   void upload_maps(const RankTensors& t, int r, cudaStream_t stream);
@@ -294,7 +296,10 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     DeviceScope on(s.rank_device[0]);
     MOK_CUDA_CHECK(cudaMalloc(&s.world_words, 64));
     if (o.trace_events > 0) {
-      MOK_CUDA_CHECK(cudaMalloc(&s.trace_memory, 256 + static_cast<size_t>(o.trace_events) * sizeof(TraceEvent)));
+      s.trace_blocks = static_cast<size_t>(R) * o.ctas_per_rank;
+      s.trace_per_block = std::max<size_t>(1, static_cast<size_t>(o.trace_events) / s.trace_blocks);
+      MOK_CUDA_CHECK(cudaMalloc(&s.trace_memory, s.trace_count_bytes() +
+                                                     s.trace_blocks * s.trace_per_block * sizeof(TraceEvent)));
     }
   }
   if (s.peer_world) {
@@ -389,8 +394,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
   if (s.trace_memory != nullptr) {
     p.trace_count = reinterpret_cast<uint32_t*>(s.trace_memory);
-    p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + 256);
-    p.trace_capacity = static_cast<uint32_t>(o.trace_events);
+    p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + s.trace_count_bytes());
+    p.trace_capacity = static_cast<uint32_t>(s.trace_per_block);
   }
   p.epoch = 0;
   p.barrier_timeout_ns = static_cast<uint64_t>(o.barrier_timeout_seconds * 1e9);
@@ -642,7 +647,7 @@ void FusedForward::launch(std::span<const RankTensors> ranks, std::span<CUstream
       for (int r = 0; r < R; ++r) s.upload_maps(ranks[r], r, st);
     }
     for (int r = 0; r < R; ++r) s.zero_counters(r, st);
-    if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), st));
+    if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, s.trace_count_bytes(), st));
     launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, st);
   } else {
     // 1. Each GPU marks the end of everything enqueued before this pass (the
@@ -661,7 +666,7 @@ void FusedForward::launch(std::span<const RankTensors> ranks, std::span<CUstream
       if (maps_changed) s.upload_maps(ranks[r], r, stream_of(r));
       s.zero_counters(r, stream_of(r));
       if (r == 0 && s.trace_memory != nullptr) {
-        MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, sizeof(uint32_t), stream_of(r)));
+        MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, s.trace_count_bytes(), stream_of(r)));
       }
       MOK_CUDA_CHECK(cudaEventRecord(s.zeroed[r], stream_of(r)));
     }
@@ -846,16 +851,21 @@ std::vector<TraceEvent> FusedForward::trace(CUstream_st* stream) {
   if (s.trace_memory == nullptr) throw Error("trace: tracing is off (set FusedForwardOptions::trace_events)");
   check(stream);
   DeviceScope on(s.rank_device[0]);
-  uint32_t count = 0;
-  MOK_CUDA_CHECK(cudaMemcpy(&count, s.trace_memory, sizeof(count), cudaMemcpyDeviceToHost));
-  if (count > static_cast<uint32_t>(s.options.trace_events)) {
-    throw Error("trace: the pass recorded " + std::to_string(count) + " events, more than trace_events = " +
-                std::to_string(s.options.trace_events) + "; raise it");
-  }
-  std::vector<TraceEvent> events(count);
-  if (count > 0) {
-    MOK_CUDA_CHECK(cudaMemcpy(events.data(), s.trace_memory + 256, count * sizeof(TraceEvent),
-                              cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> counts(s.trace_blocks);
+  MOK_CUDA_CHECK(cudaMemcpy(counts.data(), s.trace_memory, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  std::vector<TraceEvent> all(s.trace_blocks * s.trace_per_block);
+  MOK_CUDA_CHECK(cudaMemcpy(all.data(), s.trace_memory + s.trace_count_bytes(), all.size() * sizeof(TraceEvent),
+                            cudaMemcpyDeviceToHost));
+  std::vector<TraceEvent> events;
+  for (size_t b = 0; b < s.trace_blocks; ++b) {
+    if (counts[b] > s.trace_per_block) {
+      throw Error("trace: block " + std::to_string(b) + " recorded " + std::to_string(counts[b]) +
+                  " events, more than its share of trace_events (" + std::to_string(s.trace_per_block) +
+                  " = " + std::to_string(s.options.trace_events) + " / " + std::to_string(s.trace_blocks) +
+                  " blocks); raise trace_events");
+    }
+    events.insert(events.end(), all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block),
+                  all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block + counts[b]));
   }
   return events;
 }

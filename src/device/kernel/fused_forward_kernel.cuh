@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
   const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
   if (launch_rank >= params.launch_ranks) return;  // SMs left over by the partition
+  if (threadIdx.x == 0) trace_begin_block();
+  __syncthreads();
   const int rank = params.first_rank + launch_rank;
 
   RoleContext<kScope> ctx{params, rank, {params.timeout_ns}};

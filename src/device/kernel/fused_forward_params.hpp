@@ -75,9 +75,9 @@ struct FusedForwardParams {
   int32_t comm_ctas_per_rank;
   uint64_t timeout_ns;
   // The pass trace (include/mok/pass_trace.hpp); null when tracing is off.
-  TraceEvent* trace;
-  uint32_t* trace_count;  // events appended (may exceed the capacity)
-  uint32_t trace_capacity;
+  TraceEvent* trace;        // [world blocks][trace_capacity], world block = first_rank * ctas_per_rank + block
+  uint32_t* trace_count;    // [world blocks] events each block appended (may exceed the capacity)
+  uint32_t trace_capacity;  // per block
   uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
   uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
 };

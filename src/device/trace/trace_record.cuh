@@ -1,6 +1,7 @@
 // Device side of the pass trace (include/mok/pass_trace.hpp): one event per
-// call, appended to the launch's trace buffer when tracing is on. A stamp is
-// one %globaltimer read; with tracing off, recording is one branch.
+// call, appended to the block's region of the trace buffer when tracing is
+// on. A stamp is one %globaltimer read; with tracing off, recording is one
+// branch.
 #pragma once
 
 #include <cuda/ptx>
@@ -21,12 +22,25 @@ static_assert(static_cast<int>(TraceTask::kSharedGateUp) == static_cast<int>(pro
 
 __device__ __forceinline__ uint64_t trace_now() { return cuda::ptx::get_sreg_globaltimer(); }
 
+// The block's next free event (shared memory): a block appends to its own
+// region of the buffer, so recording costs a shared-memory atomic and
+// fire-and-forget global writes, not a round trip to one global counter.
+__device__ __forceinline__ uint32_t& trace_cursor() {
+  __shared__ uint32_t cursor;
+  return cursor;
+}
+
+// Thread 0 of every block, before the block's first __syncthreads.
+__device__ __forceinline__ void trace_begin_block() { trace_cursor() = 0; }
+
 __device__ __forceinline__ void trace_record(const FusedForwardParams& params, TraceKind kind, int32_t detail,
                                              int32_t rank, uint64_t begin_ns, uint64_t end_ns) {
   if (params.trace == nullptr) return;
-  // System scope: in a peer world every GPU appends to one buffer.
-  const uint32_t i = atomicAdd_system(params.trace_count, 1u);
-  if (i >= params.trace_capacity) return;  // the host reports the overflow
+  // The block's region: blocks of every launch of the world, in rank order.
+  const uint32_t block = static_cast<uint32_t>(params.first_rank * params.ctas_per_rank) + blockIdx.x;
+  const uint32_t i = atomicAdd(&trace_cursor(), 1u);
+  atomicMax(&params.trace_count[block], i + 1);  // the host reports an overflow
+  if (i >= params.trace_capacity) return;
   TraceEvent e;
   e.begin_ns = begin_ns;
   e.end_ns = end_ns;
@@ -34,7 +48,7 @@ __device__ __forceinline__ void trace_record(const FusedForwardParams& params, T
   e.cta = static_cast<uint16_t>(blockIdx.x);
   e.rank = static_cast<uint8_t>(rank);
   e.kind = static_cast<uint8_t>(kind);
-  params.trace[i] = e;
+  params.trace[static_cast<size_t>(block) * params.trace_capacity + i] = e;
 }
 
 }  // namespace mok::device
