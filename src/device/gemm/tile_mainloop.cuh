@@ -93,4 +93,20 @@ __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing
   if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
 }
 
+// A consumer warpgroup with no real rows in the tile (its 64 rows are all
+// padding): it only keeps the stage ring flowing -- waits for each stage and
+// hands it back -- while the other warpgroup computes. The stage is reused
+// only once every consumer warp has released it, so the early release here
+// never frees a stage the other warpgroup still reads; and with one
+// warpgroup issuing wgmma the tensor cores serve it alone.
+template <class Cfg>
+__device__ __forceinline__ void skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks) {
+  const bool releaser = (threadIdx.x % 32) == 0;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ring.consumer_wait();
+    if (releaser) ring.consumer_release(ring.stage);
+    ring.advance();
+  }
+}
+
 }  // namespace mok::device

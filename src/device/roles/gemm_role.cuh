@@ -48,6 +48,7 @@ struct GemmTask {
   int32_t n_tile;
   int32_t expert;  // local expert of a routed task
   int32_t row0;    // first A row: ring row (routed) or token (shared)
+  int32_t real_rows;  // rows of the tile that are not padding (1..tile_m)
   int32_t signal;  // finished tasks: 1 if its completion is to be published (0 after an abort)
 };
 
@@ -63,6 +64,7 @@ struct FusedGemmShared {
   uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
   uint64_t done_empty[kDoneSlots];  // the signaler took the task
   int32_t expert_offset[kMaxScheduleExperts + 1];  // the producer's copy of the rank's schedule offsets
+  int32_t expert_rows[kMaxScheduleExperts];        // and of its real rows per expert
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
   uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
@@ -106,7 +108,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   int64_t next_ticket = protocol::take_ticket(ctx.sync, v.counters);
   bool aborted = false;
   for (;;) {
-    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
+    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0, 0};
     const uint64_t wait_begin = trace_now();
     if (!aborted) {
       const int64_t ticket = next_ticket;
@@ -116,6 +118,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
         if (ok) {
           g = ctx.geometry(ctx.padded_rows());
           for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
+          for (int e = 0; e < ctx.params.num_local_experts; ++e) smem.expert_rows[e] = __ldcg(&v.expert_rows[e]);
         }
         have_schedule = true;
       }
@@ -145,6 +148,12 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
             ok = protocol::wait_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
             break;
           case TaskKind::kNone: break;
+        }
+        if (t.kind == TaskKind::kSharedGateUp || t.kind == TaskKind::kSharedDown) {
+          task.real_rows = min(g.tile_m, v.tokens - task.row0);
+        } else if (t.kind != TaskKind::kNone) {
+          const int32_t real_end = smem.expert_offset[task.expert] + smem.expert_rows[task.expert];
+          task.real_rows = min(g.tile_m, real_end - t.m_tile * g.tile_m);
         }
         if (!ok) task.kind = TaskKind::kNone;
         // What the flags guard was written by generic or bulk stores; our reads are TMA.
@@ -245,7 +254,12 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     const int k = task.kind == TaskKind::kSharedGateUp || task.kind == TaskKind::kGateUp ? ctx.params.hidden
                   : task.kind == TaskKind::kSharedDown ? ctx.params.shared_width
                                                        : ctx.params.intermediate;
-    if (is_gate_up(task.kind)) {
+    // A warpgroup whose 64 rows are all padding (an expert's last tile, half
+    // full or less) computes and stores nothing; the other one runs alone.
+    const bool idle = consumer * 64 >= task.real_rows;
+    if (idle) {
+      skip_tile<FusedPlainCfg>(ring, k / FusedPlainCfg::kBlockK);
+    } else if (is_gate_up(task.kind)) {
       mma_tile<FusedSwigluCfg>(reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
                                reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), consumer,
                                k / FusedPlainCfg::kBlockK, acc);
@@ -258,7 +272,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase);
 
     const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
-      switch (task.kind) {
+    switch (idle ? TaskKind::kNone : task.kind) {
       case TaskKind::kSharedGateUp: {
         const int32_t row0 = task.row0, tokens = v.tokens;
         store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
