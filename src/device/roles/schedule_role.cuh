@@ -36,6 +36,8 @@ namespace mok::device {
 // Local experts the in-kernel schedule supports (one shared-memory counter
 // per expert per warp).
 inline constexpr int kMaxScheduleExperts = 1024;
+// Rounds of 32 routing entries whose loads a schedule warp issues together.
+inline constexpr int kScheduleBatch = 4;
 
 struct ScheduleShared {
   int32_t per_warp[kScheduleWarpsPerCta][kMaxScheduleExperts];
@@ -86,15 +88,26 @@ __device__ __forceinline__ void for_each_chunk_entry(RoleContext<kScope>& ctx, i
     const int64_t rank_end = rank_begin + static_cast<int64_t>(home.tokens) * k;
     const int64_t lo = begin > rank_begin ? begin : rank_begin;
     const int64_t hi = end < rank_end ? end : rank_end;
-    for (int64_t base = lo; base < hi; base += 32) {
-      const int64_t n = base + lane;
-      int32_t local = -1;
-      if (n < hi) {
-        const int32_t id = __ldg(&home.ids[n - rank_begin]);
-        local = id - first_expert;
-        if (local < 0 || local >= ctx.params.num_local_experts) local = -1;
+    // kScheduleBatch rounds of 32 entries per step: their loads are in
+    // flight together (one memory latency per step), then visited in order.
+    for (int64_t step = lo; step < hi; step += 32 * kScheduleBatch) {
+      int32_t ids[kScheduleBatch];
+#pragma unroll
+      for (int b = 0; b < kScheduleBatch; ++b) {
+        const int64_t n = step + 32 * b + lane;
+        ids[b] = n < hi ? __ldg(&home.ids[n - rank_begin]) : -1;
       }
-      visit(r, n < hi ? n - rank_begin : int64_t{-1}, local);
+#pragma unroll
+      for (int b = 0; b < kScheduleBatch; ++b) {
+        const int64_t n = step + 32 * b + lane;
+        if (step + 32 * b >= hi) break;  // warp-uniform
+        int32_t local = -1;
+        if (n < hi) {
+          local = ids[b] - first_expert;
+          if (local < 0 || local >= ctx.params.num_local_experts) local = -1;
+        }
+        visit(r, n < hi ? n - rank_begin : int64_t{-1}, local);
+      }
     }
     rank_begin = rank_end;
   }
