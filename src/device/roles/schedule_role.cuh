@@ -44,25 +44,46 @@ struct ScheduleShared {
 };
 
 // This rank's own entries: every id in [0, E) and distinct within its token.
+// A round covers 32 / k whole tokens (lane = token * k + slot), and a warp
+// issues kScheduleBatch rounds' loads together: validating is a stream of
+// loads, not one memory latency per token.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ bool validate_own_routing(RoleContext<kScope>& ctx, int warp, int warps) {
   const RankView& v = ctx.view();
   const int k = ctx.params.top_k;
   const int num_experts = ctx.params.num_local_experts * ctx.params.world_size;
   const int lane = threadIdx.x % 32;
-  for (int t = warp; t < v.tokens; t += warps) {
-    const int32_t id = lane < k ? __ldg(&v.ids[static_cast<int64_t>(t) * k + lane]) : -1;
-    bool bad = lane < k && (id < 0 || id >= num_experts);
-    for (int i = 0; i < k; ++i) {
-      const int32_t other = __shfl_sync(0xffffffffu, id, i);
-      if (lane < k && i < lane && other == id) bad = true;
+  const int per_round = 32 / k;  // tokens per round (k <= 16)
+  const int group = lane / k, slot = lane % k;
+  const bool in_group = group < per_round;
+  const int64_t entries = static_cast<int64_t>(v.tokens) * k;
+  for (int t0 = warp * per_round * kScheduleBatch; t0 < v.tokens; t0 += warps * per_round * kScheduleBatch) {
+    int32_t ids[kScheduleBatch];
+#pragma unroll
+    for (int b = 0; b < kScheduleBatch; ++b) {
+      const int64_t n = static_cast<int64_t>(t0 + b * per_round + group) * k + slot;
+      ids[b] = in_group && n < entries ? __ldg(&v.ids[n]) : 0;
     }
-    const uint32_t bad_lanes = __ballot_sync(0xffffffffu, bad);
-    if (bad_lanes != 0) {
-      const int first = __ffs(bad_lanes) - 1;
-      const int32_t bad_id = __shfl_sync(0xffffffffu, id, first);
-      if (lane == 0) protocol::report_bad_routing(ctx.sync, ctx.counters(), ctx.rank, t * k + first, bad_id);
-      return false;
+#pragma unroll
+    for (int b = 0; b < kScheduleBatch; ++b) {
+      const int t = t0 + b * per_round + group;
+      const bool real = in_group && t < v.tokens;
+      const int32_t id = ids[b];
+      bool bad = real && (id < 0 || id >= num_experts);
+      for (int i = 0; i < k; ++i) {  // an earlier slot of the same token with the same id
+        const int32_t other = __shfl_sync(0xffffffffu, id, (in_group ? group : 0) * k + i);
+        if (real && i < slot && other == id) bad = true;
+      }
+      const uint32_t bad_lanes = __ballot_sync(0xffffffffu, bad);
+      if (bad_lanes != 0) {
+        const int first = __ffs(bad_lanes) - 1;
+        const int32_t bad_id = __shfl_sync(0xffffffffu, id, first);
+        const int bad_token = t0 + b * per_round + first / k;
+        if (lane == 0) {
+          protocol::report_bad_routing(ctx.sync, ctx.counters(), ctx.rank, bad_token * k + first % k, bad_id);
+        }
+        return false;
+      }
     }
   }
   return true;
