@@ -25,19 +25,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import mok  # noqa: E402  (loads libmok_torch.so)
 
 
+def time_once_ms(fn):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def median_ms(fn, warmup=5, iters=20):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
+    times = sorted(time_once_ms(fn) for _ in range(iters))
     return times[len(times) // 2]
 
 
@@ -51,13 +52,7 @@ def paired_ms(fn_a, fn_b, rounds=5, iters=4):
     times = ([], [])
     for _ in range(rounds):
         for fn, out in ((fn_a, times[0]), (fn_b, times[1])):
-            for _ in range(iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                out.append(start.elapsed_time(end))
+            out.extend(time_once_ms(fn) for _ in range(iters))
     return tuple(sorted(t)[len(t) // 2] for t in times)
 
 

@@ -54,27 +54,44 @@ MOK_HD ForwardCounters barrier_view(WorldBarrierWords& mine) {
   return view;
 }
 
+// Both barriers are one word per rank in every rank's memory, raised to the
+// pass's epoch: `published` at the start of a pass, `finished` at its end.
+using BarrierWord = uint32_t (WorldBarrierWords::*)[kMaxWorldSize];
+
+// Stores (release) `epoch` into word[me] of every rank. `words(q)` is rank
+// q's WorldBarrierWords* as `me` sees it.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync, class Words>
+MOK_HD void raise_world_word(Sync& s, Words words, BarrierWord word, int32_t world_size, int32_t me, uint32_t epoch) {
+  for (int32_t q = 0; q < world_size; ++q) s.store_release(&(words(q)->*word)[me], epoch);
+}
+// Polls only `me`'s own memory until every rank raised its word to `epoch`.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD bool wait_world_word(Sync& s, WorldBarrierWords& mine, BarrierWord word, CounterId id, int32_t world_size,
+                            int32_t me, uint32_t epoch) {
+  const ForwardCounters view = barrier_view(mine);
+  for (int32_t q = 0; q < world_size; ++q) {
+    if (!wait_at_least(s, view, &(mine.*word)[q], epoch, id, me, q, q)) return false;
+  }
+  return true;
+}
+
 // ---- start of a pass --------------------------------------------------------
 // One thread of rank `me`, before any of its roles runs, and after everything
-// its host enqueued before the pass (staging copies of its inputs): stores
-// (release) `epoch` into published[me] of every rank. `words(q)` is rank q's
-// WorldBarrierWords* as `me` sees it.
+// its host enqueued before the pass (staging copies of its inputs).
 MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Words>
 MOK_HD void signal_world_started(Sync& s, Words words, int32_t world_size, int32_t me, uint32_t epoch) {
-  for (int32_t q = 0; q < world_size; ++q) s.store_release(&words(q)->published[me], epoch);
+  raise_world_word(s, words, &WorldBarrierWords::published, world_size, me, epoch);
 }
 // Every CTA of `me` (one thread each): every rank has started this pass, so
 // every rank finished the previous one (its host launched this pass after it)
-// and published this pass's inputs. Polls only `me`'s own memory.
+// and published this pass's inputs.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_started(Sync& s, WorldBarrierWords& mine, int32_t world_size, int32_t me, uint32_t epoch) {
-  const ForwardCounters view = barrier_view(mine);
-  for (int32_t q = 0; q < world_size; ++q) {
-    if (!wait_at_least(s, view, &mine.published[q], epoch, CounterId::kWorldStarted, me, q, q)) return false;
-  }
-  return true;
+  return wait_world_word(s, mine, &WorldBarrierWords::published, CounterId::kWorldStarted, world_size, me, epoch);
 }
 
 // ---- end of a pass ----------------------------------------------------------
@@ -95,18 +112,14 @@ MOK_HD bool arrive_pass_done(Sync& s, WorldBarrierWords& mine, uint32_t workers)
 MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Words>
 MOK_HD void signal_world_finished(Sync& s, Words words, int32_t world_size, int32_t me, uint32_t epoch) {
-  for (int32_t q = 0; q < world_size; ++q) s.store_release(&words(q)->finished[me], epoch);
+  raise_world_word(s, words, &WorldBarrierWords::finished, world_size, me, epoch);
 }
 // The last worker, then: once every rank finished the pass, nobody touches
 // this rank's memory until every rank started the next pass.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_finished(Sync& s, WorldBarrierWords& mine, int32_t world_size, int32_t me, uint32_t epoch) {
-  const ForwardCounters view = barrier_view(mine);
-  for (int32_t q = 0; q < world_size; ++q) {
-    if (!wait_at_least(s, view, &mine.finished[q], epoch, CounterId::kWorldFinished, me, q, q)) return false;
-  }
-  return true;
+  return wait_world_word(s, mine, &WorldBarrierWords::finished, CounterId::kWorldFinished, world_size, me, epoch);
 }
 // After wait_world_finished: the rank's other counter set (`count` words, the
 // next pass's) back to zero, lanes `lane`, `lane + lanes`, ... Relaxed

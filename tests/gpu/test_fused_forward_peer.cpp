@@ -15,6 +15,7 @@
 
 #include "common/cuda_check.hpp"
 #include "gpu_test_env.hpp"
+#include "reference_check.hpp"
 #include "mok/bf16.hpp"
 #include "mok/device_layer.hpp"
 #include "mok/error.hpp"
@@ -45,22 +46,7 @@ std::vector<uint16_t> run_world(const mok::LayerConfig& config, const std::vecto
 }
 
 double relative_error_to_reference(const std::vector<uint16_t>& out, const mok::LayerConfig& config, uint64_t seed) {
-  const auto layer = mok::synthetic::make_layer(config, seed);
-  const auto routing = layer.routing();
-  const auto schedule = mok::build_schedule(config, routing, {128, 1});
-  mok::ReferenceOptions options;
-  options.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto ref = mok::reference_forward(layer.inputs(), schedule, options);
-  double err2 = 0, ref2 = 0;
-  size_t at = 0;
-  for (const auto& rank : ref.out) {
-    for (double v : rank) {
-      const double d = mok::bf16_bits_to_float(out.at(at++)) - v;
-      err2 += std::isnan(d) ? 1e30 : d * d;
-      ref2 += v * v;
-    }
-  }
-  return std::sqrt(err2 / std::max(ref2, 1e-30));
+  return mok::test_support::relative_error_to_reference(out, mok::synthetic::make_layer(config, seed));
 }
 
 mok::LayerConfig config_for(int world) {
