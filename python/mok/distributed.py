@@ -76,27 +76,44 @@ class FusedMoEWorld:
                              % (len(self.tokens_per_rank), self.world_size))
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else torch.device(device).index)
+        self._on_gpu = dist.get_backend(self.group) == "nccl"  # NCCL moves CUDA tensors, gloo CPU ones
         self._id = torch.ops.mok.process_world_create(
             self.rank, self.tokens_per_rank, hidden, intermediate, num_experts, top_k,
             shared_intermediate, minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank,
             lookahead, float(timeout_seconds), float(barrier_timeout_seconds), self.device.index)
-        _raise_if(self._id == 0)
+        error = None if self._id != 0 else torch.ops.mok.process_world_error()
+        # Every step below is collective: a rank that failed tells the others,
+        # so that every rank raises instead of some waiting forever.
+        self._agree(error)
         if self.world_size > 1:  # a world of one needs no IPC at all
             self._exchange_handles()
 
+    def _agree(self, error) -> None:
+        """Collective: raises on every rank if `error` (a message or None) is set on any."""
+        if self.world_size == 1:
+            if error is not None:
+                raise RuntimeError(error)
+            return
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32,
+                            device=self.device if self._on_gpu else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if flag.item() != 0:
+            if self._id != 0:
+                torch.ops.mok.process_world_destroy(self._id)
+                self._id = 0
+            raise RuntimeError(error if error is not None else "mok: another rank of the process world failed")
+
     def _exchange_handles(self) -> None:
         mine = torch.ops.mok.process_world_export(self._id)
-        _raise_if(mine.numel() == 0)
-        # NCCL gathers CUDA tensors, gloo CPU ones.
-        on_gpu = dist.get_backend(self.group) == "nccl"
-        local = mine.to(self.device) if on_gpu else mine
+        self._agree(torch.ops.mok.process_world_error() if mine.numel() == 0 else None)
+        local = mine.to(self.device) if self._on_gpu else mine
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local, group=self.group)
         handles = torch.stack([h.cpu() for h in gathered])
-        _raise_if(not torch.ops.mok.process_world_import(self._id, handles))
-        # Nobody may launch a pass before every rank has mapped its peers
-        # (a pass writes into every peer's memory).
-        dist.barrier(group=self.group)
+        imported = torch.ops.mok.process_world_import(self._id, handles)
+        # Nobody may launch a pass before every rank has mapped its peers (a
+        # pass writes into every peer's memory): the agreement is the barrier.
+        self._agree(None if imported else torch.ops.mok.process_world_error())
 
     def forward(self, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                 check_errors: bool = False):
@@ -122,11 +139,17 @@ class FusedMoEWorld:
         """Collective: unmaps the peers, waits for every rank, frees this rank's memory."""
         if self._id == 0:
             return
-        _raise_if(not torch.ops.mok.process_world_close_peers(self._id))
-        if self.world_size > 1:
-            dist.barrier(group=self.group)  # nobody frees memory a peer still maps
-        _raise_if(not torch.ops.mok.process_world_destroy(self._id))
-        self._id = 0
+        closed = torch.ops.mok.process_world_close_peers(self._id)
+        error = None if closed else torch.ops.mok.process_world_error()
+        try:
+            if self.world_size > 1:
+                dist.barrier(group=self.group)  # nobody frees memory a peer still maps
+        finally:
+            destroyed = torch.ops.mok.process_world_destroy(self._id)
+            self._id = 0
+        if error is not None:
+            raise RuntimeError(error)
+        _raise_if(not destroyed)
 
 
 __all__ = ["FusedMoEWorld", "NO_MULTICAST_ENV", "apply_no_multicast_env"]

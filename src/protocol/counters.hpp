@@ -120,6 +120,23 @@ MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
   return c;
 }
 
+// Records a failed wait in the stall report (the first one wins) and raises
+// the abort flag.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync>
+MOK_HD void record_stall(Sync& sync, const ForwardCounters& waiter_view, CounterId id, int32_t waiter, int32_t owner,
+                         int32_t index, uint32_t target, uint32_t observed) {
+  StallReport* report = waiter_view.stall;
+  if (sync.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(id))) {
+    report->waiter = waiter;
+    report->owner = owner;
+    report->index = index;
+    report->target = target;
+    report->observed = observed;
+  }
+  sync.store_release(waiter_view.abort, 1u);
+}
+
 // Spins until *counter >= target. Returns false when the pass is aborting:
 // another wait timed out, or this one did (then it records the stall first).
 MOK_EXEC_CHECK_DISABLE
@@ -133,15 +150,7 @@ MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const 
     if (observed >= target) return true;
     if (sync.load_relaxed(waiter_view.abort) != 0) return false;
     if (sync.expired(clock)) {
-      StallReport* report = waiter_view.stall;
-      if (sync.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(id))) {
-        report->waiter = waiter;
-        report->owner = owner;
-        report->index = index;
-        report->target = target;
-        report->observed = observed;
-      }
-      sync.store_release(waiter_view.abort, 1u);
+      record_stall(sync, waiter_view, id, waiter, owner, index, target, observed);
       return false;
     }
     sync.pause();

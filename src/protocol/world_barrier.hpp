@@ -66,6 +66,11 @@ MOK_HD void raise_world_word(Sync& s, Words words, BarrierWord word, int32_t wor
   for (int32_t q = 0; q < world_size; ++q) s.store_release(&(words(q)->*word)[me], epoch);
 }
 // Polls only `me`'s own memory until every rank raised its word to `epoch`.
+// While `me` waits for pass `epoch`, no peer can be past it (a peer leaves a
+// barrier only once `me` got there too), so a word above `epoch` means the
+// ranks are out of step (a host that ran on after its world broke, or a launch
+// that failed on one rank): that breaks the world too, instead of letting the
+// wait pass against counter sets of another pass.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_word(Sync& s, WorldBarrierWords& mine, BarrierWord word, CounterId id, int32_t world_size,
@@ -73,6 +78,11 @@ MOK_HD bool wait_world_word(Sync& s, WorldBarrierWords& mine, BarrierWord word, 
   const ForwardCounters view = barrier_view(mine);
   for (int32_t q = 0; q < world_size; ++q) {
     if (!wait_at_least(s, view, &(mine.*word)[q], epoch, id, me, q, q)) return false;
+    const uint32_t seen = s.load_acquire(&(mine.*word)[q]);
+    if (seen != epoch) {
+      record_stall(s, view, id, me, q, q, epoch, seen);
+      return false;
+    }
   }
   return true;
 }
@@ -92,6 +102,19 @@ MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_started(Sync& s, WorldBarrierWords& mine, int32_t world_size, int32_t me, uint32_t epoch) {
   return wait_world_word(s, mine, &WorldBarrierWords::published, CounterId::kWorldStarted, world_size, me, epoch);
+}
+
+// The start of a pass for one thread of every CTA of `me` (`signal`: the one
+// that announces it). A rank whose world broke never announces a pass again:
+// its peers then time out and report it, rather than pass their barrier and
+// run against counter sets this rank no longer clears.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync, class Words>
+MOK_HD bool start_world_pass(Sync& s, Words words, WorldBarrierWords& mine, bool signal, int32_t world_size,
+                             int32_t me, uint32_t epoch) {
+  if (s.load_acquire(&mine.broken) != 0) return false;
+  if (signal) signal_world_started(s, words, world_size, me, epoch);
+  return wait_world_started(s, mine, world_size, me, epoch);
 }
 
 // ---- end of a pass ----------------------------------------------------------
@@ -120,6 +143,16 @@ MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_finished(Sync& s, WorldBarrierWords& mine, int32_t world_size, int32_t me, uint32_t epoch) {
   return wait_world_word(s, mine, &WorldBarrierWords::finished, CounterId::kWorldFinished, world_size, me, epoch);
+}
+// The last worker's end of the pass: announce it, then wait for every rank.
+// A broken rank announces nothing (see start_world_pass).
+MOK_EXEC_CHECK_DISABLE
+template <class Sync, class Words>
+MOK_HD bool finish_world_pass(Sync& s, Words words, WorldBarrierWords& mine, int32_t world_size, int32_t me,
+                              uint32_t epoch) {
+  if (s.load_acquire(&mine.broken) != 0) return false;
+  signal_world_finished(s, words, world_size, me, epoch);
+  return wait_world_finished(s, mine, world_size, me, epoch);
 }
 // After wait_world_finished: the rank's other counter set (`count` words, the
 // next pass's) back to zero, lanes `lane`, `lane + lanes`, ... Relaxed

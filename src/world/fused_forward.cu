@@ -159,9 +159,20 @@ struct FusedForward::State {
   // Peer world: per rank, "everything before this pass is done" and
   // "this rank's counters are zeroed" (orders the GPUs without the host).
   std::vector<cudaEvent_t> ready, zeroed;
+  // Device-ordered: per launch, the end of the last pass enqueued; the next
+  // pass's stream waits for it (a pass must follow the previous one even when
+  // the caller switches streams).
+  std::vector<cudaEvent_t> pass_done;
+  std::vector<bool> pass_done_recorded;
 
   ~State() {
+    // A pass still running would touch the peers' memory: let it end first.
+    if (!ipc_mapped.empty()) {
+      cudaSetDevice(rank_device[me]);
+      cudaDeviceSynchronize();
+    }
     close_mappings();
+    for (size_t i = 0; i < pass_done.size(); ++i) cudaEventDestroy(pass_done[i]);
     for (size_t r = 0; r < rank_memory.size(); ++r) {
       if (rank_memory[r] != nullptr) {
         cudaSetDevice(rank_device[r]);
@@ -192,6 +203,7 @@ struct FusedForward::State {
   // The GPU the host reads the pass's reports on (rank 0's, or ours in a process world).
   int report_device() const { return process_world ? rank_device[me] : rank_device[0]; }
   size_t trace_count_bytes() const { return align_up(trace_blocks * sizeof(uint32_t), 256); }
+  void follow_last_pass(int launch, int device, cudaStream_t stream);
   void fill_view(int r);
   void bind_counters(uint32_t pass_epoch);
   void upload_maps(const RankTensors& t, int r, cudaStream_t stream);
@@ -232,6 +244,12 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
           o.barrier_timeout_seconds, "must be in (0, 3600]");
 
   const int R = config.world_size;
+  if (o.device_ordered || o.process_rank >= 0) {
+    // An aborting peer may take up to timeout_seconds to reach the end of its
+    // pass; a shorter barrier bound would break the world on a mere stall.
+    require(o.barrier_timeout_seconds > o.timeout_seconds, "barrier_timeout_seconds", o.barrier_timeout_seconds,
+            "must exceed timeout_seconds (a peer may take that long to end an aborted pass)");
+  }
   s.peer_world = !o.devices.empty();
   s.process_world = o.process_rank >= 0;
   if (s.process_world) {
@@ -559,6 +577,28 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
   launch(ranks, streams);
 }
 
+// Device-ordered passes: `stream` (of launch `launch`, on `device`) waits for
+// the previous pass's launch, whatever stream that was on. Refuses stream
+// capture: the pass number is a kernel parameter, so a replayed graph would
+// run stale passes the world barrier cannot order.
+void FusedForward::State::follow_last_pass(int launch, int device, cudaStream_t stream) {
+  DeviceScope on(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    throw Error("run: device-ordered passes cannot be captured in a CUDA graph (each pass's number is a kernel "
+                "parameter); use the host-ordered virtual or peer world for graphs");
+  }
+  if (pass_done.size() <= static_cast<size_t>(launch)) {
+    pass_done.resize(static_cast<size_t>(launch) + 1, nullptr);
+    pass_done_recorded.resize(static_cast<size_t>(launch) + 1, false);
+  }
+  if (pass_done[launch] == nullptr) {
+    MOK_CUDA_CHECK(cudaEventCreateWithFlags(&pass_done[launch], cudaEventDisableTiming));
+  }
+  if (pass_done_recorded[launch]) MOK_CUDA_CHECK(cudaStreamWaitEvent(stream, pass_done[launch], 0));
+}
+
 void FusedForward::run(const RankTensors& mine, CUstream_st* stream) {
   State& s = *state_;
   if (!s.process_world) {
@@ -576,10 +616,11 @@ void FusedForward::run(const RankTensors& mine, CUstream_st* stream) {
   RankTensors staged = mine;
   staged.x = s.rank_base[s.me] + L.staged_x;
   staged.expert_ids = reinterpret_cast<const int32_t*>(s.rank_base[s.me] + L.staged_ids);
+  // Safe to overwrite the staged inputs once the previous pass's kernel has
+  // ended: it ended only after every rank finished that pass (the end barrier).
+  s.follow_last_pass(0, s.rank_device[s.me], st);
   if (T > 0) {
     DeviceScope on(s.rank_device[s.me]);
-    // Safe to overwrite: the previous pass's kernel (earlier on this stream)
-    // ended only after every rank finished it (the end barrier).
     MOK_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(staged.x), mine.x,
                                    static_cast<size_t>(T) * s.config.hidden * sizeof(uint16_t),
                                    cudaMemcpyDeviceToDevice, st));
@@ -624,21 +665,31 @@ void FusedForward::launch(std::span<const RankTensors> ranks, std::span<CUstream
     // No host ordering at all: each launch waits for the world inside the
     // kernel (world_barrier_role.cuh), and zeroes its next counter set itself.
     const bool system_scope = s.peer_world || s.process_world;
-    for (int i = 0; i < (system_scope ? count : 1); ++i) {
-      const int r = first + i;
-      DeviceScope on(s.rank_device[r]);
-      if (system_scope) {
-        if (maps_changed) s.upload_maps(ranks[i], r, stream_of(i));
-        FusedForwardParams mine = p;
-        mine.first_rank = r;
-        mine.launch_ranks = 1;
-        launch_fused<cuda::thread_scope_system>(mine, s.options.ctas_per_rank, stream_of(i));
-      } else {
-        if (maps_changed) {
-          for (int q = 0; q < R; ++q) s.upload_maps(ranks[q], q, stream_of(0));
+    // A pass that failed to launch on some rank has used up its number there
+    // and not on the others: the world can no longer be ordered.
+    try {
+      for (int i = 0; i < (system_scope ? count : 1); ++i) {
+        const int r = first + i;
+        s.follow_last_pass(i, s.rank_device[r], stream_of(i));
+        DeviceScope on(s.rank_device[r]);
+        if (system_scope) {
+          if (maps_changed) s.upload_maps(ranks[i], r, stream_of(i));
+          FusedForwardParams mine = p;
+          mine.first_rank = r;
+          mine.launch_ranks = 1;
+          launch_fused<cuda::thread_scope_system>(mine, s.options.ctas_per_rank, stream_of(i));
+        } else {
+          if (maps_changed) {
+            for (int q = 0; q < R; ++q) s.upload_maps(ranks[q], q, stream_of(0));
+          }
+          launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, stream_of(0));
         }
-        launch_fused<cuda::thread_scope_device>(p, R * s.options.ctas_per_rank, stream_of(0));
+        MOK_CUDA_CHECK(cudaEventRecord(s.pass_done[i], stream_of(i)));
+        s.pass_done_recorded[i] = true;
       }
+    } catch (...) {
+      s.broken = true;
+      throw;
     }
   } else if (!s.peer_world) {
     cudaStream_t st = stream_of(0);

@@ -154,8 +154,12 @@ class BarrierModel {
     RankState& me = ranks_[r];
     delay(rng);
     bool started = true;
-    if (w == 0) signal_world_started(barrier_sync_, [this](int32_t q) { return words(q); }, o_.world, r, e);
-    if (!o_.skip_start_wait) started = wait_world_started(barrier_sync_, me.barrier, o_.world, r, e);
+    auto peer_words = [this](int32_t q) { return words(q); };
+    if (o_.skip_start_wait) {  // the planted bug: announce, never wait
+      if (w == 0) signal_world_started(barrier_sync_, peer_words, o_.world, r, e);
+    } else {
+      started = start_world_pass(barrier_sync_, peer_words, me.barrier, w == 0, o_.world, r, e);
+    }
     if (started) work(r, w, e, rng);
     finish(r, e);
   }
@@ -212,8 +216,7 @@ class BarrierModel {
   void finish(int r, uint32_t e) {
     RankState& me = ranks_[r];
     if (!arrive_pass_done(barrier_sync_, me.barrier, static_cast<uint32_t>(o_.workers))) return;
-    signal_world_finished(barrier_sync_, [this](int32_t q) { return words(q); }, o_.world, r, e);
-    if (!wait_world_finished(barrier_sync_, me.barrier, o_.world, r, e)) return;
+    if (!finish_world_pass(barrier_sync_, [this](int32_t q) { return words(q); }, me.barrier, o_.world, r, e)) return;
     if (o_.skip_zeroing) return;
     std::vector<uint32_t>& idle = me.sets[1 - counter_set_of(e)];
     clear_counter_set(barrier_sync_, idle.data(), idle.size(), 0u, 1u);

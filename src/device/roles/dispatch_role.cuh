@@ -86,6 +86,10 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
   if (lane == 0) {
     for (int s = 0; s < kSlotsPerWarp; ++s) mbarrier_init(&smem.full[warp][s], 1);
     fence_barrier_init();
+    // This lane issues bulk copies (async proxy) of peers' x, written by
+    // their streams before their passes started (ordered by the world
+    // barrier's acquire, a generic-proxy operation).
+    fence_proxy_async_global();
   }
   bool ok = true;
   if (threadIdx.x == 0) {

@@ -116,7 +116,11 @@ __device__ __forceinline__ void for_each_chunk_entry(RoleContext<kScope>& ctx, i
 #pragma unroll
       for (int b = 0; b < kScheduleBatch; ++b) {
         const int64_t n = step + 32 * b + lane;
-        ids[b] = n < hi ? __ldg(&home.ids[n - rank_begin]) : -1;
+        // ld.global.cg, not the read-only path: in a process world a peer's
+        // staged ids are written by its stream while this kernel already
+        // runs (before the start barrier), so they are not read-only for
+        // the whole kernel.
+        ids[b] = n < hi ? __ldcg(&home.ids[n - rank_begin]) : -1;
       }
 #pragma unroll
       for (int b = 0; b < kScheduleBatch; ++b) {

@@ -31,8 +31,8 @@ __device__ __forceinline__ bool world_start(RoleContext<kScope>& ctx, int cta) {
   if (threadIdx.x == 0) {
     auto sync = barrier_sync(ctx);
     auto words = [&](int32_t q) { return ctx.params.ranks[q].barrier; };
-    if (cta == 0) protocol::signal_world_started(sync, words, ctx.params.world_size, ctx.rank, ctx.params.epoch);
-    ok = protocol::wait_world_started(sync, *ctx.view().barrier, ctx.params.world_size, ctx.rank, ctx.params.epoch);
+    ok = protocol::start_world_pass(sync, words, *ctx.view().barrier, cta == 0, ctx.params.world_size, ctx.rank,
+                                    ctx.params.epoch);
     // Peers' inputs are read by bulk copies and TMA (the async proxy) too.
     fence_proxy_async_global();
   }
@@ -63,8 +63,7 @@ __device__ __forceinline__ void world_finish(const FusedForwardParams& params, i
   bool ok = false;
   if (lane == 0) {
     auto words = [&](int32_t q) { return ctx.params.ranks[q].barrier; };
-    protocol::signal_world_finished(sync, words, ctx.params.world_size, ctx.rank, ctx.params.epoch);
-    ok = protocol::wait_world_finished(sync, mine, ctx.params.world_size, ctx.rank, ctx.params.epoch);
+    ok = protocol::finish_world_pass(sync, words, mine, ctx.params.world_size, ctx.rank, ctx.params.epoch);
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();
