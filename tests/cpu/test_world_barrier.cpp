@@ -322,3 +322,57 @@ TEST(WorldBarrier, TheChecksCatchAnIdleCounterSetThatIsNotZeroed) {
 }
 
 }  // namespace
+
+// ---- the barrier's own rules, one rank at a time ---------------------------
+
+namespace {
+
+TEST(WorldBarrierRules, ABrokenRankAnnouncesNoPassAndPassesNoBarrier) {
+  HostSync sync(milliseconds(50));
+  WorldBarrierWords words[2]{};
+  auto peer_words = [&](int32_t q) { return &words[q]; };
+  words[0].broken = 1;
+  words[0].published[1] = 3;  // the peer is there: still no pass for a broken rank
+  words[0].published[0] = 2;
+  EXPECT_FALSE(start_world_pass(sync, peer_words, words[0], true, 2, 0, 3));
+  EXPECT_EQ(words[1].published[0], 0u) << "a broken rank announced a start";
+  EXPECT_FALSE(finish_world_pass(sync, peer_words, words[0], 2, 0, 3));
+  EXPECT_EQ(words[1].finished[0], 0u) << "a broken rank announced an end";
+}
+
+TEST(WorldBarrierRules, AWordAboveTheAwaitedPassBreaksTheWorldAtOnce) {
+  HostSync sync(milliseconds(5000));
+  WorldBarrierWords words[2]{};
+  auto peer_words = [&](int32_t q) { return &words[q]; };
+  words[0].published[1] = 5;  // rank 1 is at pass 5 while rank 0 starts pass 3: out of step
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(start_world_pass(sync, peer_words, words[0], true, 2, 0, 3));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1000)) << "waited for a timeout";
+  EXPECT_NE(words[0].broken, 0u);
+  EXPECT_EQ(words[0].stall.counter, static_cast<uint32_t>(CounterId::kWorldStarted));
+  EXPECT_EQ(words[0].stall.owner, 1);
+  EXPECT_EQ(words[0].stall.target, 3u);
+  EXPECT_EQ(words[0].stall.observed, 5u);
+
+  WorldBarrierWords fresh[2]{};
+  auto fresh_words = [&](int32_t q) { return &fresh[q]; };
+  fresh[0].finished[1] = 4;
+  EXPECT_FALSE(finish_world_pass(sync, fresh_words, fresh[0], 2, 0, 3));
+  EXPECT_EQ(fresh[0].stall.counter, static_cast<uint32_t>(CounterId::kWorldFinished));
+  EXPECT_EQ(fresh[0].stall.observed, 4u);
+}
+
+TEST(WorldBarrierRules, InStepRanksPassBothBarriers) {
+  HostSync sync(milliseconds(5000));
+  WorldBarrierWords words[2]{};
+  auto peer_words = [&](int32_t q) { return &words[q]; };
+  words[0].published[1] = 3;
+  words[0].finished[1] = 3;
+  EXPECT_TRUE(start_world_pass(sync, peer_words, words[0], true, 2, 0, 3));
+  EXPECT_EQ(words[1].published[0], 3u);
+  EXPECT_TRUE(finish_world_pass(sync, peer_words, words[0], 2, 0, 3));
+  EXPECT_EQ(words[1].finished[0], 3u);
+  EXPECT_EQ(words[0].broken, 0u);
+}
+
+}  // namespace
