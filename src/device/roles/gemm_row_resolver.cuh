@@ -1,0 +1,45 @@
+// The GEMM CTA's row-resolver warp (gemm_role.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "device/roles/gemm_role.cuh"
+
+namespace mok::device {
+
+// The row resolver (one warp of the producer warpgroup): for each down task
+// the producer posts, looks up where each of its 128 rows goes -- the home
+// rank's combine row of that (token, slot) -- while the consumers run the
+// mainloop, so their epilogue does not wait on those loads. Every task gets
+// a rows_ready arrival, so the consumers' phases stay in step.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  const int lane = threadIdx.x % 32;
+  const int H = ctx.params.hidden, top_k = ctx.params.top_k;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (;;) {
+    mbarrier_wait_parity(&smem.task_full[slot], phase);
+    const GemmTask task = smem.tasks[slot];
+    if (task.kind == TaskKind::kNone) return;
+    if (task.kind == TaskKind::kDown) {
+      const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
+      for (int i = lane; i < FusedPlainCfg::kBlockM; i += 32) {
+        const RowSource src = load_row_source(&rows[i]);
+        smem.row_destination[slot][i] =
+            is_padding(src) ? nullptr
+                            : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * H;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&smem.rows_ready[slot]);
+    if (++slot == kTaskSlots) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+}  // namespace mok::device
