@@ -173,9 +173,15 @@ class ProtocolModel {
     RankModel& m = ranks_[r];
     const ForwardGeometry& g = m.geometry;
     std::mt19937 rng(static_cast<unsigned>(5000 + 1000 * r + w));
+    // Like the device's producer, a worker holds its next ticket while the
+    // current task waits and runs (here from before the waits: the stronger
+    // case), so the model also checks that reserving a ticket early cannot
+    // deadlock the ticket order.
+    int64_t next = take_ticket(sync_, m.counters);
     for (;;) {
-      const int64_t ticket = take_ticket(sync_, m.counters);
+      const int64_t ticket = next;
       if (ticket >= task_count(g)) return;
+      next = take_ticket(sync_, m.counters);
       const Task task = decode_task(g, ticket);
       delay(rng, options_.gemm_delay_us);
       bool ok = true;
