@@ -2,7 +2,9 @@
 // GPU serves (all of them in the virtual world, one in a peer world). Block b
 // serves rank first_rank + b / ctas_per_rank; of a rank's CTAs the first
 // comm_ctas_per_rank build the schedule and pull the rows (dispatch), the
-// others run GEMM tasks; then every warp of the rank joins the combine.
+// others run GEMM tasks (warpgroup 0: the producer thread, the signaler
+// thread, the row-resolver warp; warpgroups 1-2: the consumers); then every
+// consumer and dispatch warp of the rank joins the combine.
 // Setup and role dispatch only: the dataflow is in the roles and in
 // docs/protocol.md.
 #pragma once
