@@ -31,7 +31,6 @@ using device::FusedForwardParams;
 using device::RankView;
 
 constexpr int kTileM = 128;
-static_assert(kTileM <= device::kMaxDispatchTileRows, "a dispatch copy warp holds one row source per lane");
 
 size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 

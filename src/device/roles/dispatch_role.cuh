@@ -3,8 +3,7 @@
 // (global -> shared -> global; a few KB each). Dispatch CTA c owns m-tiles
 // c, c + C, ... in increasing order (the order the deadlock argument of
 // docs/protocol.md needs). Inside a CTA, kCopyWarps warps split the tile's
-// rows; each warp first reads the sources of its rows (one per lane, all at
-// once), then its lane 0 drives a pipeline of kSlotsPerWarp shared-memory
+// rows; each warp's lane 0 drives a pipeline of kSlotsPerWarp shared-memory
 // row buffers. Padding rows are not copied: their ring rows keep stale data,
 // which only ever reaches padding rows of h and y (rows never mix).
 #pragma once
@@ -21,38 +20,13 @@ namespace mok::device {
 inline constexpr int kCopyWarps = 4;
 inline constexpr int kSlotsPerWarp = 3;
 inline constexpr uint32_t kCopySlotBytes = 16384;  // one row of up to H = 8192 bf16
-// Rows of an m-tile per copy warp: one per lane (the fused kernel's tiles are
-// 128 rows; the host fixes tile_m).
-inline constexpr int kRowsPerCopyWarp = 32;
-inline constexpr int kMaxDispatchTileRows = kCopyWarps * kRowsPerCopyWarp;
 
 struct DispatchShared {
   alignas(128) uint8_t slots[kCopyWarps][kSlotsPerWarp][kCopySlotBytes];
   uint64_t full[kCopyWarps][kSlotsPerWarp];
-  // The current tile's rows of each warp: where each comes from (null: padding).
-  const uint16_t* source[kCopyWarps][kRowsPerCopyWarp];
 };
 
-// Every lane of a copy warp: where this warp's rows of the tile come from
-// (rows copy_warp, copy_warp + kCopyWarps, ...; one per lane), read in one
-// go: lane 0's copy loop then never waits on a schedule load.
-template <cuda::thread_scope kScope>
-__device__ __forceinline__ void load_tile_sources(RoleContext<kScope>& ctx, DispatchShared& smem, int copy_warp,
-                                                  const protocol::ForwardGeometry& g, int32_t m_tile) {
-  const RankView& v = ctx.view();
-  const int lane = threadIdx.x % 32;
-  const int32_t i = copy_warp + lane * kCopyWarps;
-  const uint16_t* from = nullptr;
-  if (i < g.tile_m) {
-    const RowSource src = load_row_source(&v.rows[static_cast<int64_t>(m_tile) * g.tile_m + i]);
-    if (!is_padding(src)) from = ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * ctx.params.hidden;
-  }
-  smem.source[copy_warp][lane] = from;
-  __syncwarp();
-}
-
-// Lane 0 of a copy warp, after load_tile_sources: copy the warp's real rows
-// of the tile into the ring.
+// Lane 0 of a copy warp: copy `count` rows (by schedule row index) into the ring.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void copy_rows(RoleContext<kScope>& ctx, DispatchShared& smem, int copy_warp,
                                           uint32_t& phases, const protocol::ForwardGeometry& g,
@@ -60,26 +34,29 @@ __device__ __forceinline__ void copy_rows(RoleContext<kScope>& ctx, DispatchShar
   const RankView& v = ctx.view();
   const uint32_t row_bytes = static_cast<uint32_t>(ctx.params.hidden) * 2u;
   const int32_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
-  const uint16_t* const* sources = smem.source[copy_warp];
-  const int rows = (g.tile_m - copy_warp + kCopyWarps - 1) / kCopyWarps;  // this warp's rows of the tile
+  // Rows of this warp in the tile: copy_warp, copy_warp + kCopyWarps, ...
   int issued = 0, stored = 0;
   int32_t pending_row[kSlotsPerWarp];
-  auto next_real = [&](int from) {  // index j of the warp's next real row (row copy_warp + j * kCopyWarps)
-    while (from < rows && sources[from] == nullptr) ++from;
-    return from;
+  auto next_real_row = [&](int32_t from) {
+    for (int32_t i = from; i < g.tile_m; i += kCopyWarps) {
+      if (!is_padding(load_row_source(&v.rows[static_cast<int64_t>(m_tile) * g.tile_m + i]))) return i;
+    }
+    return g.tile_m;
   };
-  int cursor = next_real(0);
-  auto issue = [&](int j) {
+  int32_t cursor = next_real_row(copy_warp);
+  auto issue = [&](int32_t i) {
     const int slot = issued % kSlotsPerWarp;
+    const RowSource src = load_row_source(&v.rows[static_cast<int64_t>(m_tile) * g.tile_m + i]);
+    const uint16_t* from = ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * ctx.params.hidden;
     mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
-    bulk_load(smem.slots[copy_warp][slot], sources[j], row_bytes, &smem.full[copy_warp][slot]);
-    pending_row[slot] = copy_warp + j * kCopyWarps;
+    bulk_load(smem.slots[copy_warp][slot], from, row_bytes, &smem.full[copy_warp][slot]);
+    pending_row[slot] = i;
     ++issued;
   };
   // Prologue: all but one slot in flight.
-  while (cursor < rows && issued < kSlotsPerWarp - 1) {
+  while (cursor < g.tile_m && issued < kSlotsPerWarp - 1) {
     issue(cursor);
-    cursor = next_real(cursor + 1);
+    cursor = next_real_row(cursor + kCopyWarps);
   }
   while (stored < issued) {
     const int slot = stored % kSlotsPerWarp;
@@ -89,12 +66,12 @@ __device__ __forceinline__ void copy_rows(RoleContext<kScope>& ctx, DispatchShar
     bulk_store(to, smem.slots[copy_warp][slot], row_bytes);
     bulk_commit();
     ++stored;
-    if (cursor < rows) {
+    if (cursor < g.tile_m) {
       // The next load reuses the slot of store `issued - kSlotsPerWarp`: the
       // one before the newest store, so at most one store may still read.
       if (issued >= kSlotsPerWarp) bulk_wait_read<1>();
       issue(cursor);
-      cursor = next_real(cursor + 1);
+      cursor = next_real_row(cursor + kCopyWarps);
     }
   }
   bulk_wait_all();  // writes complete before the tile is announced
@@ -141,7 +118,6 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
     }
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (shared_flag < 0) return false;
-    load_tile_sources(ctx, smem, warp, g, m_tile);
     if (lane == 0) copy_rows(ctx, smem, warp, phases, g, m_tile);
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (threadIdx.x == 0) {
