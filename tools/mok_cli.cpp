@@ -28,6 +28,7 @@
 #include "mok/bf16.hpp"
 #include "mok/device_layer.hpp"
 #include "mok/fused_forward.hpp"
+#include "gpu_energy.hpp"
 #endif
 
 namespace {
@@ -241,6 +242,29 @@ ForwardTiming time_forward(mok::FusedForward& forward, const mok::DeviceLayer& d
   return {ms[ms.size() / 2], total / static_cast<double>(iterations), enqueue_us[enqueue_us.size() / 2]};
 }
 
+// About a second of passes back to back, measured by NVML: energy per pass
+// and per useful FLOP, mean power and SM clock (the H200 trades clock for
+// power at its cap; docs/perf-notes.md, "The power cap").
+void report_energy(mok::FusedForward& forward, const mok::DeviceLayer& device, double pass_ms, double flops) {
+  int cuda_device = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&cuda_device));
+  mok::tools::EnergyMeter meter(cuda_device);
+  if (!meter.available()) {
+    std::printf("      energy: not measured (NVML not available)\n");
+    return;
+  }
+  const int passes = std::max(10, static_cast<int>(1000.0 / std::max(pass_ms, 0.01)));
+  const auto r = meter.measure([&] {
+    for (int i = 0; i < passes; ++i) forward.run(device.tensors());
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  });
+  forward.check();
+  const double joules = r.joules / passes;
+  std::printf("      energy over %d passes back to back (NVML): %.3f J per pass, %.2f pJ per useful FLOP, "
+              "%.0f W, mean SM clock %.0f MHz\n",
+              passes, joules, joules / flops * 1e12, r.joules / r.seconds, r.mean_sm_mhz);
+}
+
 // One traced pass (after a warm-up one) with the same options: prints the
 // summary and writes every event as CSV for a timeline plot.
 void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options, const mok::DeviceLayer& device,
@@ -283,6 +307,7 @@ int run_gpu(const Options& o) {
   std::printf("[2/3] fused forward: %.3f ms (median of %d), %.1f useful TFLOP/s; back to back %.3f ms per pass; "
               "host enqueue %.0f us\n",
               timing.pass_ms, o.iterations, flops / timing.pass_ms * 1e-9, timing.back_to_back_ms, timing.enqueue_us);
+  report_energy(forward, device, timing.back_to_back_ms, flops);
   if (!o.trace_file.empty()) trace_pass(config, options, device, o.trace_file);
 
   // The CPU reference costs about a second per 5 GFLOP on two cores: check

@@ -14,7 +14,6 @@
 #include <torch/library.h>
 
 #include <map>
-#include <stdexcept>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,32 +22,20 @@
 
 #include "mok/error.hpp"
 #include "mok/fused_forward.hpp"
+#include "op_checks.hpp"
 
 namespace {
 
-// A rejected argument; caught at the op's boundary.
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void expect(bool ok, const std::string& message) {
-  if (!ok) throw BadInput("mok: " + message);
-}
+using mok::torch_ops::expect;
+using mok::torch_ops::num;
 
 std::string& last_error_message() {
   thread_local std::string message;
   return message;
 }
 
-std::string num(int64_t v) { return std::to_string(v); }
-
 void check(const at::Tensor& t, const std::string& name, at::ScalarType dtype, int64_t dim, const at::Device& device) {
-  expect(t.defined(), name + " is undefined");
-  expect(t.device() == device, name + " is on " + t.device().str() + "; expected " + device.str());
-  expect(t.scalar_type() == dtype,
-         name + " must be " + c10::toString(dtype) + " (got " + c10::toString(t.scalar_type()) + ")");
-  expect(t.dim() == dim, name + " must have " + num(dim) + " dimensions (got " + num(t.dim()) + ")");
-  expect(t.is_contiguous(), name + " must be contiguous");
+  mok::torch_ops::check_tensor(t, name, dtype, dim, device);
 }
 
 using CacheKey = std::tuple<std::vector<int>, int, int, int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
@@ -159,15 +146,11 @@ std::vector<at::Tensor> fused_forward(at::TensorList x, at::TensorList expert_id
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
                                       int64_t minibatch_rows, int64_t ring_slots, int64_t ctas_per_rank,
                                       int64_t comm_ctas_per_rank, int64_t lookahead, bool check_errors) {
-  last_error_message().clear();
-  try {
+  return mok::torch_ops::guarded(last_error_message(), std::vector<at::Tensor>{}, [&] {
     return fused_forward_checked(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts,
                                  minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank, lookahead,
                                  check_errors);
-  } catch (const std::exception& e) {  // BadInput and mok::Error
-    last_error_message() = e.what();
-    return {};
-  }
+  });
 }
 
 std::string last_error() { return last_error_message(); }

@@ -19,30 +19,25 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mok/error.hpp"
 #include "mok/fused_forward.hpp"
 #include "mok/layer_config.hpp"
+#include "op_checks.hpp"
 
 namespace {
 
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void expect(bool ok, const std::string& message) {
-  if (!ok) throw BadInput("mok: " + message);
-}
+using mok::torch_ops::check_shape;
+using mok::torch_ops::expect;
+using mok::torch_ops::num;
 
 std::string& error_message() {
   thread_local std::string message;
   return message;
 }
-
-std::string num(int64_t v) { return std::to_string(v); }
 
 // One rank's object and what its tensors must look like.
 struct World {
@@ -66,32 +61,11 @@ std::shared_ptr<World> find(int64_t id) {
 // Runs `body`, turning any exception into the sentinel and the message.
 template <class Result, class Body>
 Result guarded(Result failed, Body&& body) {
-  error_message().clear();
-  try {
-    return body();
-  } catch (const std::exception& e) {  // BadInput and mok::Error
-    error_message() = e.what();
-    return failed;
-  }
+  return mok::torch_ops::guarded(error_message(), std::move(failed), std::forward<Body>(body));
 }
 
 void check(const at::Tensor& t, const std::string& name, at::ScalarType dtype, int64_t dim, const at::Device& device) {
-  expect(t.defined(), name + " is undefined");
-  expect(t.device() == device, name + " is on " + t.device().str() + "; this rank's world is on " + device.str());
-  expect(t.scalar_type() == dtype,
-         name + " must be " + c10::toString(dtype) + " (got " + c10::toString(t.scalar_type()) + ")");
-  expect(t.dim() == dim, name + " must have " + num(dim) + " dimensions (got " + num(t.dim()) + ")");
-  expect(t.is_contiguous(), name + " must be contiguous");
-}
-
-void check_shape(const at::Tensor& t, const std::string& name, std::vector<int64_t> sizes) {
-  bool same = t.dim() == static_cast<int64_t>(sizes.size());
-  std::string want = "[";
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    same = same && t.size(static_cast<int64_t>(d)) == sizes[d];
-    want += (d ? ", " : "") + num(sizes[d]);
-  }
-  expect(same, name + " must be " + want + "]");
+  mok::torch_ops::check_tensor(t, name, dtype, dim, device, "this rank's world is on");
 }
 
 int64_t create(int64_t rank, at::IntArrayRef tokens_per_rank, int64_t hidden, int64_t intermediate,
