@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "common/cuda_check.hpp"
 #include "mok/bf16.hpp"
@@ -51,6 +52,10 @@ struct Options {
   int comm_ctas = 0;
   int lookahead = 2;
   std::string trace_file;  // non-empty: also trace one pass, summarise it, write its events here (CSV)
+  // --compare: option sets timed against the base options in the same
+  // process, on the same data, alternating, for `rounds` rounds.
+  std::vector<std::string> compare;
+  int rounds = 3;
 };
 
 void print_usage() {
@@ -77,6 +82,11 @@ void print_usage() {
       "  --comm-ctas N          dispatch CTAs per rank (default: automatic)\n"
       "  --lookahead N          gate/up minibatches ahead of the down tasks (default 2)\n"
       "  --trace FILE           also trace one pass: print where its time went, write its events (CSV)\n"
+      "  --compare SET          also time the fused forward with SET, a comma-separated list of\n"
+      "                         minibatch-rows=N, ring-slots=N, comm-ctas=N, lookahead=N, against\n"
+      "                         the options above, alternating in one process on the same data\n"
+      "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
+      "  --rounds N             alternations for --compare (default 3)\n"
       "  --list-presets         print the presets and exit\n");
 }
 
@@ -121,6 +131,8 @@ Options parse(int argc, char** argv) {
     else if (arg == "--comm-ctas") o.comm_ctas = std::stoi(value());
     else if (arg == "--lookahead") o.lookahead = std::stoi(value());
     else if (arg == "--trace") o.trace_file = value();
+    else if (arg == "--compare") o.compare.push_back(value());
+    else if (arg == "--rounds") o.rounds = std::stoi(value());
     else throw mok::Error("unknown option '" + arg + "' (see --help)");
   }
   return o;
@@ -287,6 +299,70 @@ void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options
   std::printf("      events written to %s\n", path.c_str());
 }
 
+// The base options changed by one --compare set ("ring-slots=3,minibatch-rows=768").
+mok::FusedForwardOptions apply_set(mok::FusedForwardOptions options, const std::string& set) {
+  std::stringstream stream(set);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw mok::Error("--compare '" + set + "': expected key=value, got '" + item + "'");
+    const std::string key = item.substr(0, eq);
+    const int value = std::stoi(item.substr(eq + 1));
+    if (key == "minibatch-rows") options.minibatch_rows = value;
+    else if (key == "ring-slots") options.ring_slots = value;
+    else if (key == "comm-ctas") options.comm_ctas_per_rank = value;
+    else if (key == "lookahead") options.lookahead = value;
+    else throw mok::Error("--compare '" + set + "': unknown key '" + key + "' (see --help)");
+  }
+  return options;
+}
+
+// The base options and every --compare set, timed in turn for o.rounds
+// rounds; prints each round and the median ratio to the base per set.
+void compare_options(const Options& o, const mok::LayerConfig& config, const mok::FusedForwardOptions& base,
+                     mok::FusedForward& base_forward, const mok::DeviceLayer& device) {
+  struct Candidate {
+    std::string label;
+    std::unique_ptr<mok::FusedForward> owned;
+    mok::FusedForward* forward;
+    std::vector<double> ratio_alone, ratio_back_to_back;
+  };
+  std::vector<Candidate> candidates;
+  candidates.push_back({"base", nullptr, &base_forward, {}, {}});
+  for (const std::string& set : o.compare) {
+    auto forward = std::make_unique<mok::FusedForward>(config, apply_set(base, set));
+    mok::FusedForward* raw = forward.get();
+    candidates.push_back({set, std::move(forward), raw, {}, {}});
+  }
+  const double flops = config.forward_flops();
+  std::printf("[+] comparing %zu option sets, %d rounds of %d passes each (ratio = base time / set time)\n",
+              candidates.size(), o.rounds, o.iterations);
+  for (int round = 0; round < o.rounds; ++round) {
+    double base_alone = 0, base_back_to_back = 0;
+    for (Candidate& c : candidates) {
+      const ForwardTiming t = time_forward(*c.forward, device, o.iterations);
+      if (&c == &candidates.front()) {
+        base_alone = t.pass_ms;
+        base_back_to_back = t.back_to_back_ms;
+      } else {
+        c.ratio_alone.push_back(base_alone / t.pass_ms);
+        c.ratio_back_to_back.push_back(base_back_to_back / t.back_to_back_ms);
+      }
+      std::printf("    round %d  %-40s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", round + 1,
+                  c.label.c_str(), t.pass_ms, t.back_to_back_ms, flops / t.pass_ms * 1e-9);
+      report_energy(*c.forward, device, t.back_to_back_ms, flops);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    std::printf("    %-40s median ratio to base: %.3f alone, %.3f back to back\n", candidates[i].label.c_str(),
+                median(candidates[i].ratio_alone), median(candidates[i].ratio_back_to_back));
+  }
+}
+
 int run_gpu(const Options& o) {
   const mok::LayerConfig config = make_config(o);
   mok::FusedForwardOptions options;
@@ -309,6 +385,7 @@ int run_gpu(const Options& o) {
               timing.pass_ms, o.iterations, flops / timing.pass_ms * 1e-9, timing.back_to_back_ms, timing.enqueue_us);
   report_energy(forward, device, timing.back_to_back_ms, flops);
   if (!o.trace_file.empty()) trace_pass(config, options, device, o.trace_file);
+  if (!o.compare.empty()) compare_options(o, config, options, forward, device);
 
   // The CPU reference costs about a second per 5 GFLOP on two cores: check
   // only what it can afford.
