@@ -290,10 +290,11 @@ void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options
               mok::describe(mok::summarize_trace(events)).c_str());
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) throw mok::Error("--trace " + path + ": cannot open for writing");
-  std::fprintf(file, "rank,cta,kind,detail,begin_ns,end_ns\n");
+  std::fprintf(file, "rank,cta,kind,detail,begin_ns,end_ns,cycles\n");
   for (const mok::TraceEvent& e : events) {
-    std::fprintf(file, "%d,%d,%s,%d,%llu,%llu\n", e.rank, e.cta, mok::trace_kind_name(static_cast<mok::TraceKind>(e.kind)),
-                 e.detail, static_cast<unsigned long long>(e.begin_ns), static_cast<unsigned long long>(e.end_ns));
+    std::fprintf(file, "%d,%d,%s,%d,%llu,%llu,%u\n", e.rank, e.cta,
+                 mok::trace_kind_name(static_cast<mok::TraceKind>(e.kind)), e.detail,
+                 static_cast<unsigned long long>(e.begin_ns), static_cast<unsigned long long>(e.end_ns), e.cycles);
   }
   std::fclose(file);
   std::printf("      events written to %s\n", path.c_str());

@@ -1,6 +1,12 @@
 // A timeline of one fused pass, for finding where its time goes: optional
 // (FusedForwardOptions::trace_events), written by the kernel with %globaltimer
-// stamps, read back by the host. Plain data shared by host and device code.
+// stamps and the SM's cycle counter, read back by the host. Plain data shared
+// by host and device code.
+//
+// Why cycles too: the H200 runs at whatever clock its power cap allows, so
+// the same work takes more or fewer nanoseconds from one pass (or machine) to
+// the next. A span in SM cycles compares work across passes; ns / cycles
+// gives the clock the span ran at.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +38,12 @@ struct TraceEvent {
   uint64_t begin_ns;
   uint64_t end_ns;
   int32_t detail;
-  uint16_t cta;  // block index within its launch
+  uint32_t cycles;  // the span in cycles of the SM that recorded it (saturates at 2^32 - 1)
+  uint16_t cta;     // block index within its launch
   uint8_t rank;
-  uint8_t kind;  // TraceKind
+  uint8_t kind;     // TraceKind
 };
-static_assert(sizeof(TraceEvent) == 24);
+static_assert(sizeof(TraceEvent) == 32);
 
 const char* trace_kind_name(TraceKind kind);
 const char* trace_task_name(TraceTask task);
@@ -51,6 +58,8 @@ struct TraceSummary {
     double total_us = 0;
     double mean_us = 0;
     double max_us = 0;
+    double mean_kcycles = 0;  // mean span in thousands of SM cycles
+    double mhz = 0;           // SM clock over these spans: their cycles over their time
   };
   double span_us = 0;  // first begin -> last end over every event
   int gemm_ctas = 0;   // CTAs with at least one mainloop event
@@ -60,6 +69,7 @@ struct TraceSummary {
   double head_share = 0;      // before the CTA's first task
   double gap_share = 0;       // between two tasks (waiting for inputs or for the producer)
   double tail_share = 0;      // after the CTA's last task
+  double mainloop_mhz = 0;    // SM clock during the GEMM mainloops
   std::vector<Row> rows;
 };
 

@@ -55,6 +55,8 @@ TraceSummary summarize_trace(std::span<const TraceEvent> events) {
   s.span_us = static_cast<double>(last - first) * 1e-3;
 
   std::map<std::pair<int, int32_t>, TraceSummary::Row> rows;
+  std::map<std::pair<int, int32_t>, std::pair<double, double>> cycles_and_ns;  // per row
+  double mainloop_cycles = 0, mainloop_ns = 0;
   // Consumer intervals of each GEMM CTA, keyed by (rank, cta).
   std::map<std::pair<int, int>, std::vector<std::pair<uint64_t, uint64_t>>> busy;
   for (const TraceEvent& e : events) {
@@ -66,6 +68,13 @@ TraceSummary summarize_trace(std::span<const TraceEvent> events) {
     const double us = static_cast<double>(e.end_ns - e.begin_ns) * 1e-3;
     ++row.count;
     row.total_us += us;
+    auto& [cycles, ns] = cycles_and_ns[{e.kind, task}];
+    cycles += static_cast<double>(e.cycles);
+    ns += static_cast<double>(e.end_ns - e.begin_ns);
+    if (kind == TraceKind::kMainloop) {
+      mainloop_cycles += static_cast<double>(e.cycles);
+      mainloop_ns += static_cast<double>(e.end_ns - e.begin_ns);
+    }
     row.max_us = std::max(row.max_us, us);
     if (kind == TraceKind::kMainloop) s.mainloop_share += us;
     // The signaler runs beside the consumers: its events are not consumer time.
@@ -77,8 +86,12 @@ TraceSummary summarize_trace(std::span<const TraceEvent> events) {
   }
   for (auto& [key, row] : rows) {
     row.mean_us = row.total_us / static_cast<double>(row.count);
+    const auto& [cycles, ns] = cycles_and_ns[key];
+    row.mean_kcycles = cycles / static_cast<double>(row.count) * 1e-3;
+    row.mhz = ns > 0 ? cycles / ns * 1e3 : 0;
     s.rows.push_back(row);
   }
+  s.mainloop_mhz = mainloop_ns > 0 ? mainloop_cycles / mainloop_ns * 1e3 : 0;
   s.gemm_ctas = static_cast<int>(busy.size());
   if (s.gemm_ctas == 0 || s.span_us <= 0) return s;
   double head = 0, gap = 0, tail = 0;
@@ -105,17 +118,18 @@ std::string describe(const TraceSummary& s) {
   std::string text;
   char line[256];
   std::snprintf(line, sizeof(line), "pass span %.1f us; %d GEMM CTAs: mainloop %.1f%%, epilogue %.1f%%, "
-                "before first task %.1f%%, between tasks %.1f%%, after last task %.1f%%\n",
+                "before first task %.1f%%, between tasks %.1f%%, after last task %.1f%%; "
+                "SM clock in the mainloops %.0f MHz\n",
                 s.span_us, s.gemm_ctas, 100 * s.mainloop_share, 100 * s.epilogue_share, 100 * s.head_share,
-                100 * s.gap_share, 100 * s.tail_share);
+                100 * s.gap_share, 100 * s.tail_share, s.mainloop_mhz);
   text += line;
-  std::snprintf(line, sizeof(line), "  %-14s %-15s %8s %12s %10s %10s\n", "event", "task", "count", "total us",
-                "mean us", "max us");
+  std::snprintf(line, sizeof(line), "  %-14s %-15s %8s %12s %10s %10s %10s %6s\n", "event", "task", "count",
+                "total us", "mean us", "max us", "mean kcyc", "MHz");
   text += line;
   for (const TraceSummary::Row& r : s.rows) {
-    std::snprintf(line, sizeof(line), "  %-14s %-15s %8lld %12.1f %10.2f %10.2f\n", trace_kind_name(r.kind),
-                  r.task >= 0 ? trace_task_name(static_cast<TraceTask>(r.task)) : "-",
-                  static_cast<long long>(r.count), r.total_us, r.mean_us, r.max_us);
+    std::snprintf(line, sizeof(line), "  %-14s %-15s %8lld %12.1f %10.2f %10.2f %10.1f %6.0f\n",
+                  trace_kind_name(r.kind), r.task >= 0 ? trace_task_name(static_cast<TraceTask>(r.task)) : "-",
+                  static_cast<long long>(r.count), r.total_us, r.mean_us, r.max_us, r.mean_kcycles, r.mhz);
     text += line;
   }
   return text;

@@ -7,10 +7,12 @@
 
 namespace {
 
+// Every event here runs at 1.5 GHz: 1.5 cycles per ns.
 mok::TraceEvent event(mok::TraceKind kind, int cta, uint64_t begin, uint64_t end, int detail = 0) {
   mok::TraceEvent e{};
   e.begin_ns = begin;
   e.end_ns = end;
+  e.cycles = static_cast<uint32_t>((end - begin) * 3 / 2);
   e.detail = detail;
   e.cta = static_cast<uint16_t>(cta);
   e.rank = 0;
@@ -57,10 +59,13 @@ TEST(PassTrace, SharesOfTheGemmConsumersAddUpToTheSpan) {
       EXPECT_DOUBLE_EQ(row.total_us, 13.0);
       EXPECT_DOUBLE_EQ(row.mean_us, 6.5);
       EXPECT_DOUBLE_EQ(row.max_us, 10.0);
+      EXPECT_DOUBLE_EQ(row.mean_kcycles, 6.5 * 1.5);
+      EXPECT_DOUBLE_EQ(row.mhz, 1500.0);
     }
     if (row.kind == K::kSchedule) EXPECT_EQ(row.task, -1);
   }
   EXPECT_TRUE(saw_gate_up_mainloop);
+  EXPECT_DOUBLE_EQ(s.mainloop_mhz, 1500.0);
   EXPECT_NE(mok::describe(s).find("gate/up"), std::string::npos);
 }
 

@@ -181,6 +181,13 @@ TEST(FusedForward, TracingRecordsEveryTaskAndLeavesTheOutputBitwiseUnchanged) {
       EXPECT_LE(e.begin_ns, e.end_ns);
       EXPECT_LT(e.rank, config.world_size);
       const auto kind = static_cast<mok::TraceKind>(e.kind);
+      // A mainloop is long enough for both clocks to move; its cycles over
+      // its nanoseconds is the SM clock, within what any Hopper part runs at.
+      if (kind == mok::TraceKind::kMainloop && e.end_ns - e.begin_ns >= 2000) {
+        const double ghz = static_cast<double>(e.cycles) / static_cast<double>(e.end_ns - e.begin_ns);
+        EXPECT_GT(ghz, 0.2);
+        EXPECT_LT(ghz, 2.5);
+      }
       waits += kind == mok::TraceKind::kTaskWait;
       mainloops += kind == mok::TraceKind::kMainloop;
       epilogues += kind == mok::TraceKind::kEpilogue;

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   if (cta < comm) {
     auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
-    const uint64_t start = trace_now();
+    const TraceStamp start = trace_now();
     const bool scheduled =
         build_schedule(ctx, *reinterpret_cast<ScheduleShared*>(smem), cta * kFusedWarps + warp, comm * kFusedWarps);
     if (threadIdx.x == 0) trace_record(params, TraceKind::kSchedule, cta, rank, start, trace_now());

@@ -46,7 +46,7 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
   const int lane = threadIdx.x % 32;
   const RankView& v = ctx.view();
   bool ok = true;
-  const uint64_t wait_begin = trace_now();
+  const TraceStamp wait_begin = trace_now();
   if (lane == 0) {
     ok = protocol::wait_shared_done(ctx.sync, ctx.counters(), ctx.geometry(0), ctx.rank);
     for (int owner = 0; ok && owner < ctx.params.world_size; ++owner) {
@@ -63,7 +63,7 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // orders the other lanes' reads after lane 0's acquires
   if (!ok) return false;
-  const uint64_t work_begin = trace_now();
+  const TraceStamp work_begin = trace_now();
 
   const int k = ctx.params.top_k;
   const int H = ctx.params.hidden;

@@ -106,8 +106,8 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
   const int ctas = ctx.params.comm_ctas_per_rank;
   for (int32_t m_tile = cta; m_tile < g.m_tiles(); m_tile += ctas) {
     const int32_t mb = m_tile / g.tiles_per_minibatch();
-    const uint64_t wait_begin = trace_now();
-    uint64_t copy_begin = 0;
+    const TraceStamp wait_begin = trace_now();
+    TraceStamp copy_begin{0, 0};
     if (threadIdx.x == 0) {
       ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, mb, ctx.rank);
       shared_flag = ok ? 1 : -1;

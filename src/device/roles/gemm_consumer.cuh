@@ -136,7 +136,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       done_phase ^= 1u;
     }
     if (tracer) {
-      const uint64_t end = trace_now();
+      const TraceStamp end = trace_now();
       trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
                    smem.trace_task_begin, smem.trace_mainloop_end);
       trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,

@@ -42,7 +42,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   bool aborted = false;
   for (;;) {
     GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0, 0};
-    const uint64_t wait_begin = trace_now();
+    const TraceStamp wait_begin = trace_now();
     if (!aborted) {
       const int64_t ticket = next_ticket;
       bool ok = true;

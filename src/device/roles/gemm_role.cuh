@@ -71,7 +71,7 @@ struct FusedGemmShared {
   int32_t expert_rows[kMaxScheduleExperts];        // and of its real rows per expert
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
-  uint64_t trace_task_begin, trace_mainloop_end, trace_stores_end;
+  TraceStamp trace_task_begin, trace_mainloop_end, trace_stores_end;
 };
 
 __device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {

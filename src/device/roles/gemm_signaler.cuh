@@ -20,7 +20,7 @@ __device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGem
   uint32_t phase = 0;
   for (;;) {
     mbarrier_wait_parity(&smem.done_full[slot], phase);
-    const uint64_t begin = trace_now();
+    const TraceStamp begin = trace_now();
     const GemmTask task = smem.done[slot];
     const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
     if (routed && !have_schedule) {

@@ -1,7 +1,7 @@
 // Device side of the pass trace (include/mok/pass_trace.hpp): one event per
 // call, appended to the block's region of the trace buffer when tracing is
-// on. A stamp is one %globaltimer read; with tracing off, recording is one
-// branch.
+// on. A stamp is a %globaltimer read and an SM cycle-counter read; with
+// tracing off, recording is one branch.
 #pragma once
 
 #include <cuda/ptx>
@@ -20,7 +20,17 @@ static_assert(static_cast<int>(TraceTask::kSharedGateUp) == static_cast<int>(pro
                   static_cast<int>(TraceTask::kDown) == static_cast<int>(protocol::TaskKind::kDown),
               "trace task ids are the protocol's task kinds");
 
-__device__ __forceinline__ uint64_t trace_now() { return cuda::ptx::get_sreg_globaltimer(); }
+// A point in time: the GPU's nanosecond timer and this SM's cycle counter.
+// Both stamps of an event are taken on the same SM (cycle counters of
+// different SMs are not comparable).
+struct TraceStamp {
+  uint64_t ns;
+  uint64_t cycles;
+};
+
+__device__ __forceinline__ TraceStamp trace_now() {
+  return TraceStamp{cuda::ptx::get_sreg_globaltimer(), static_cast<uint64_t>(clock64())};
+}
 
 // The block's next free event (shared memory): a block appends to its own
 // region of the buffer, so recording costs a shared-memory atomic and
@@ -34,7 +44,7 @@ __device__ __forceinline__ uint32_t& trace_cursor() {
 __device__ __forceinline__ void trace_begin_block() { trace_cursor() = 0; }
 
 __device__ __forceinline__ void trace_record(const FusedForwardParams& params, TraceKind kind, int32_t detail,
-                                             int32_t rank, uint64_t begin_ns, uint64_t end_ns) {
+                                             int32_t rank, TraceStamp begin, TraceStamp end) {
   if (params.trace == nullptr) return;
   // The block's region: blocks of every launch of the world, in rank order.
   const uint32_t block = static_cast<uint32_t>(params.first_rank * params.ctas_per_rank) + blockIdx.x;
@@ -42,8 +52,10 @@ __device__ __forceinline__ void trace_record(const FusedForwardParams& params, T
   atomicMax(&params.trace_count[block], i + 1);  // the host reports an overflow
   if (i >= params.trace_capacity) return;
   TraceEvent e;
-  e.begin_ns = begin_ns;
-  e.end_ns = end_ns;
+  e.begin_ns = begin.ns;
+  e.end_ns = end.ns;
+  const uint64_t cycles = end.cycles - begin.cycles;
+  e.cycles = cycles > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(cycles);
   e.detail = detail;
   e.cta = static_cast<uint16_t>(blockIdx.x);
   e.rank = static_cast<uint8_t>(rank);
