@@ -31,28 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import mok  # noqa: E402
-
-
-def global_layer(args, seed):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    T, H, I, E, K, S = args.tokens, args.hidden, args.intermediate, args.experts, args.top_k, args.shared
-    x = (torch.rand(T, H, generator=g) * 2 - 1).bfloat16()
-    top = torch.topk(torch.rand(T, E, generator=g), K, dim=1)
-    ids = top.indices.int()
-    w = torch.softmax(top.values, dim=1).float()
-    w13 = ((torch.rand(E, 2 * I, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
-    w2 = ((torch.rand(E, H, I, generator=g) * 2 - 1) / I ** 0.5).bfloat16()
-    sw13 = ((torch.rand(2 * S, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16() if S else None
-    sw2 = ((torch.rand(H, S, generator=g) * 2 - 1) / S ** 0.5).bfloat16() if S else None
-    return x, ids, w, w13, w2, sw13, sw2
-
-
-def rank_part(layer, rank, world, device):
-    x, ids, w, w13, w2, sw13, sw2 = layer
-    t, e = x.shape[0] // world, w13.shape[0] // world
-    part = lambda a, n: a[rank * n:(rank + 1) * n].contiguous().to(device)  # noqa: E731
-    shared = lambda a: None if a is None else a.to(device)  # noqa: E731
-    return part(x, t), part(ids, t), part(w, t), part(w13, e), part(w2, e), shared(sw13), shared(sw2)
+from mok.testing import random_global_layer, rank_slice  # noqa: E402
 
 
 def main():
@@ -78,10 +57,11 @@ def main():
     if rank == 0:
         print("mok process world: %d ranks, env %s" % (world, NO_MULTICAST_ENV), flush=True)
 
-    layer = global_layer(args, args.seed)
+    layer = random_global_layer(args.tokens, args.hidden, args.intermediate, args.experts, args.top_k,
+                                args.shared, args.seed)
     expected = None
     if rank == 0:  # the virtual world on rank 0's GPU, before the process world runs there
-        parts = [rank_part(layer, r, world, device) for r in range(world)]
+        parts = [rank_slice(layer, r, world, device) for r in range(world)]
         expected = torch.cat(mok.fused_forward(
             [q[0] for q in parts], [q[1] for q in parts], [q[2] for q in parts], [q[3] for q in parts],
             [q[4] for q in parts], parts[0][5], parts[0][6], num_experts=args.experts, check_errors=True))
@@ -89,7 +69,7 @@ def main():
 
     fused = FusedMoEWorld(dist.group.WORLD, [args.tokens // world] * world, args.hidden, args.intermediate,
                           args.experts, args.top_k, args.shared)
-    mine = rank_part(layer, rank, world, device)
+    mine = rank_slice(layer, rank, world, device)
     fused(*mine, check_errors=True)  # warm-up, checked
     torch.cuda.synchronize()
     dist.barrier()

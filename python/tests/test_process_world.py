@@ -21,6 +21,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 
 import mok  # noqa: E402
 from mok.distributed import FusedMoEWorld, apply_no_multicast_env  # noqa: E402
+from mok.testing import random_global_layer, rank_slice  # noqa: E402
 
 H, I, E, K, S = 256, 128, 8, 2, 128
 GLOBAL_TOKENS = 256
@@ -29,29 +30,12 @@ PASSES = 6
 
 def _global_layer(seed, device):
     """The whole world's batch and experts, the same on every process."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    x = (torch.rand(GLOBAL_TOKENS, H, generator=g) * 2 - 1).bfloat16()
-    top = torch.topk(torch.rand(GLOBAL_TOKENS, E, generator=g), K, dim=1)
-    ids = top.indices.int()
-    w = torch.softmax(top.values, dim=1).float()
-    w13 = ((torch.rand(E, 2 * I, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
-    w2 = ((torch.rand(E, H, I, generator=g) * 2 - 1) / I ** 0.5).bfloat16()
-    sw13 = ((torch.rand(2 * S, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
-    sw2 = ((torch.rand(H, S, generator=g) * 2 - 1) / S ** 0.5).bfloat16()
-    return [t.to(device) for t in (x, ids, w, w13, w2, sw13, sw2)]
-
-
-def _rank_slice(layer, rank, world):
-    """Rank `rank`'s tokens and experts of the global layer."""
-    x, ids, w, w13, w2, sw13, sw2 = layer
-    t, e = GLOBAL_TOKENS // world, E // world
-    part = lambda a, n: a[rank * n:(rank + 1) * n].contiguous()  # noqa: E731
-    return part(x, t), part(ids, t), part(w, t), part(w13, e), part(w2, e), sw13, sw2
+    return random_global_layer(GLOBAL_TOKENS, H, I, E, K, S, seed, device)
 
 
 def _virtual(layer, world):
     """The virtual world's output of the global batch split over `world` ranks on one GPU."""
-    parts = [_rank_slice(layer, r, world) for r in range(world)]
+    parts = [rank_slice(layer, r, world) for r in range(world)]
     out = mok.fused_forward([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
                             [p[3] for p in parts], [p[4] for p in parts], layer[5], layer[6],
                             num_experts=E, check_errors=True)
@@ -74,10 +58,10 @@ def test_world_of_one_process_matches_the_virtual_world_bitwise():
                               minibatch_rows=256, ring_slots=2)
         for p in range(PASSES):
             layer = layers[p % 2]
-            out = world(*_rank_slice(layer, 0, 1), check_errors=True)
+            out = world(*rank_slice(layer, 0, 1), check_errors=True)
             assert _same_bits(out, expected[p % 2]), "pass %d" % p
         with pytest.raises(RuntimeError, match="x \\(this rank's tokens"):
-            x, ids, w, w13, w2, sw13, sw2 = _rank_slice(layers[0], 0, 1)
+            x, ids, w, w13, w2, sw13, sw2 = rank_slice(layers[0], 0, 1)
             world(x[:10].contiguous(), ids, w, w13, w2, sw13, sw2)
         world.close()
     finally:
@@ -99,7 +83,7 @@ def _child(rank, world, store_path, result_dir):
                               minibatch_rows=256, ring_slots=2)
         outs = []
         for p in range(PASSES):  # no host synchronisation between passes
-            outs.append(fused(*_rank_slice(layers[p % 2], rank, world)))
+            outs.append(fused(*rank_slice(layers[p % 2], rank, world)))
         torch.cuda.synchronize()
         for p, out in enumerate(outs):
             gathered = [torch.empty_like(out) for _ in range(world)]
@@ -107,7 +91,7 @@ def _child(rank, world, store_path, result_dir):
             if rank == 0:
                 assert _same_bits(torch.cat(gathered), expected[p % 2]), "pass %d" % p
         # A last pass with the error check on every rank.
-        fused(*_rank_slice(layers[0], rank, world), check_errors=True)
+        fused(*rank_slice(layers[0], rank, world), check_errors=True)
         fused.close()
         open(os.path.join(result_dir, "rank%d.ok" % rank), "w").close()
     finally:

@@ -1,0 +1,44 @@
+"""Random layers for checking a world of ranks against the virtual world: the
+whole world's batch and experts, built from a seed on the CPU so that every
+process of a world builds the same one, and the share of one rank.
+
+Used by python/tests/test_process_world.py and tools/torchrun_forward.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def random_global_layer(tokens, hidden, intermediate, experts, top_k, shared, seed, device="cpu"):
+    """(x, ids, w, w13, w2, sw13, sw2) of the whole world; sw13 and sw2 are
+    None when `shared` (the shared expert's width) is 0. Weights are scaled by
+    1/sqrt(fan-in) so that activations stay O(1)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T, H, I, E, K, S = tokens, hidden, intermediate, experts, top_k, shared
+    x = (torch.rand(T, H, generator=g) * 2 - 1).bfloat16()
+    top = torch.topk(torch.rand(T, E, generator=g), K, dim=1)
+    ids = top.indices.int()
+    w = torch.softmax(top.values, dim=1).float()
+    w13 = ((torch.rand(E, 2 * I, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16()
+    w2 = ((torch.rand(E, H, I, generator=g) * 2 - 1) / I ** 0.5).bfloat16()
+    sw13 = ((torch.rand(2 * S, H, generator=g) * 2 - 1) / H ** 0.5).bfloat16() if S else None
+    sw2 = ((torch.rand(H, S, generator=g) * 2 - 1) / S ** 0.5).bfloat16() if S else None
+    layer = (x, ids, w, w13, w2, sw13, sw2)
+    return tuple(None if t is None else t.to(device) for t in layer)
+
+
+def rank_slice(layer, rank, world, device=None):
+    """Rank `rank`'s tokens and experts of a global layer (contiguous copies;
+    moved to `device` when given), with the shared expert, which every rank
+    holds whole."""
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    t, e = x.shape[0] // world, w13.shape[0] // world
+
+    def move(a):
+        return a if device is None or a is None else a.to(device)
+
+    def part(a, n):
+        return move(a[rank * n:(rank + 1) * n].contiguous())
+
+    return part(x, t), part(ids, t), part(w, t), part(w13, e), part(w2, e), move(sw13), move(sw2)
