@@ -21,6 +21,7 @@
 
 #include "device/gemm/tile_config.cuh"
 #include "device/ptx/stmatrix.cuh"
+#include "device/ptx/vector_io.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
 namespace mok::device {
@@ -62,38 +63,53 @@ __device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs
                                                 GemmSharedStorage<Cfg>& smem, int consumer,
                                                 int col0, int n_cols, const RowPtr& row_ptr) {
   const int warp = (threadIdx.x / 32) % 4;
-  const int lane = threadIdx.x % 32;
-  uint8_t* staging = smem.staging[consumer * 4 + warp];
-  const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
-  const int st_chunk = lane >> 4;
   const int first_row = consumer * 64 + warp * 16;  // within the tile
+  uint8_t* const staging = smem.staging[consumer * 4 + warp];
 
-  // The four rows this lane stores, resolved once for every slab.
+  // The four rows this lane stores (rows it * 4 + lane / 8 of the warp's 16),
+  // resolved once for every slab.
   uint16_t* dst[4];
 #pragma unroll
-  for (int it = 0; it < 4; ++it) dst[it] = row_ptr(first_row + it * 4 + (lane >> 3));
+  for (int it = 0; it < 4; ++it) dst[it] = row_ptr(first_row + it * 4 + static_cast<int>(threadIdx.x % 32) / 8);
 
+  // Per slab: stage, read back all four 16-byte chunks, then store all four.
+  // The reads are issued back to back and each store waits only for its own
+  // data, so a slab costs one shared-memory round trip rather than four
+  // chained ones (the reads used to be generic loads of a pointer the
+  // compiler could not place in shared memory, each one waited for, with its
+  // address reloaded from local memory, before the next).
 #pragma unroll
   for (int slab = 0; slab < Cfg::kOutCols / 64; ++slab) {
     const int c0 = col0 + slab * 64;
     if (c0 >= n_cols) break;  // warp-uniform
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const uint32_t base = shared_address(staging);
+    // stmatrix: this lane gives row st_row of chunk 2 * pair + st_chunk.
+    const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
+    const int st_chunk = lane >> 4;
 #pragma unroll
     for (int pair = 0; pair < 4; ++pair) {
       const int j = slab * 8 + 2 * pair;
       const int chunk = 2 * pair + st_chunk;
-      stmatrix_x4(staging + st_row * 128 + ((chunk ^ (st_row & 7)) * 16),
-                  epilogue_pair<Cfg>(acc, j, 0), epilogue_pair<Cfg>(acc, j, 1),
-                  epilogue_pair<Cfg>(acc, j + 1, 0), epilogue_pair<Cfg>(acc, j + 1, 1));
+      stmatrix_x4(base + st_row * 128 + ((chunk ^ (st_row & 7)) * 16), epilogue_pair<Cfg>(acc, j, 0),
+                  epilogue_pair<Cfg>(acc, j, 1), epilogue_pair<Cfg>(acc, j + 1, 0),
+                  epilogue_pair<Cfg>(acc, j + 1, 1));
     }
     __syncwarp();
+    // Read-out: this lane moves 16-byte chunk c of its four rows.
+    const int c = lane & 7;
+    uint4 v[4];
 #pragma unroll
     for (int it = 0; it < 4; ++it) {
       const int r = it * 4 + (lane >> 3);
-      const int c = lane & 7;
-      const uint4 v = *reinterpret_cast<const uint4*>(staging + r * 128 + ((c ^ (r & 7)) * 16));
-      if (dst[it] != nullptr) *reinterpret_cast<uint4*>(dst[it] + c0 + c * 8) = v;
+      v[it] = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
     }
+    // Every lane's reads precede the next slab's stmatrix into the same bytes.
     __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      if (dst[it] != nullptr) st_global_v4(dst[it] + c0 + c * 8, v[it]);
+    }
   }
 }
 
