@@ -63,14 +63,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[kN / 2], uint64_t desc_a, ui
 // Consumer warpgroup `consumer` (all 128 threads): acc = A[64 rows of this
 // warpgroup] x B[BN rows]^T over the whole K. One wgmma group stays in
 // flight while the next stage is awaited; a stage is handed back as soon as
-// the group that read it has retired.
-template <class Cfg>
+// the group that read it has retired. `on_stall`: what a stage wait that
+// never ends does (async_copy.cuh).
+template <class Cfg, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
-                                         int consumer, int k_blocks, float (&acc)[Cfg::kAccRegs]) {
+                                         int consumer, int k_blocks, float (&acc)[Cfg::kAccRegs],
+                                         const OnStall& on_stall = {}) {
   const bool releaser = (threadIdx.x % 32) == 0;  // one arrival per consumer warp
   int prev_stage = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    ring.consumer_wait();
+    ring.consumer_wait(on_stall);
     auto& stage = smem.stages[ring.stage];
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kBlockK);
     const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
@@ -99,11 +101,12 @@ __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing
 // only once every consumer warp has released it, so the early release here
 // never frees a stage the other warpgroup still reads; and with one
 // warpgroup issuing wgmma the tensor cores serve it alone.
-template <class Cfg>
-__device__ __forceinline__ void skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks) {
+template <class Cfg, class OnStall = TrapOnStall>
+__device__ __forceinline__ void skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks,
+                                          const OnStall& on_stall = {}) {
   const bool releaser = (threadIdx.x % 32) == 0;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    ring.consumer_wait();
+    ring.consumer_wait(on_stall);
     if (releaser) ring.consumer_release(ring.stage);
     ring.advance();
   }

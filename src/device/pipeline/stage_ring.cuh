@@ -43,7 +43,10 @@ struct StageRing {
   }
 
   // Consumer: wait until the current stage's bytes have landed.
-  __device__ void consumer_wait() { mbarrier_wait_parity(&full[stage], phase); }
+  template <class OnStall = TrapOnStall>
+  __device__ void consumer_wait(const OnStall& on_stall = {}) {
+    mbarrier_wait_parity(&full[stage], phase, on_stall);
+  }
 
   // Consumer (one lane per warp): give stage `s` back to the producer.
   __device__ void consumer_release(int s) { mbarrier_arrive(&empty[s]); }

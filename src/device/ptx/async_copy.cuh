@@ -34,12 +34,22 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
                                              cuda::ptx::space_shared, bar, bytes);
 }
 
+// What a barrier wait does when it has waited `timeout_ns`: a wait that long
+// means a protocol bug, not a slow GPU, so by default the kernel traps (the
+// launch fails with cudaErrorLaunchFailure / illegal instruction) instead of
+// hanging the machine. No printf here: a function call anywhere in the kernel
+// makes ptxas serialise every wgmma (warning C7510). Code that raised its
+// register budget with setmaxnreg cannot trap either (see
+// roles/consumer_stall.cuh); it passes its own policy.
+struct TrapOnStall {
+  uint64_t timeout_ns = 10ull * 1000 * 1000 * 1000;
+  __device__ void operator()() const { __trap(); }
+};
+
 // Blocks until the phase with parity `parity` has completed (acquire, CTA).
-// A wait longer than ~10 s means a protocol bug, not a slow GPU: the kernel
-// traps (the launch fails with cudaErrorLaunchFailure / illegal instruction)
-// instead of hanging the machine. No printf here: a function call anywhere in
-// the kernel makes ptxas serialise every wgmma (warning C7510).
-__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+template <class OnStall = TrapOnStall>
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity,
+                                                     const OnStall& on_stall = {}) {
   if (cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar,
                                           parity)) {
     return;
@@ -48,9 +58,8 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
   uint32_t polls = 0;
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar,
                                               parity)) {
-    if ((++polls & 1023u) == 0 &&
-        cuda::ptx::get_sreg_globaltimer() - start > 10ull * 1000 * 1000 * 1000) {
-      __trap();
+    if ((++polls & 1023u) == 0 && cuda::ptx::get_sreg_globaltimer() - start > on_stall.timeout_ns) {
+      on_stall();
     }
   }
 }

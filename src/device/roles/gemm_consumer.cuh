@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "device/roles/consumer_stall.cuh"
 #include "device/roles/gemm_role.cuh"
 
 namespace mok::device {
@@ -21,9 +22,11 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   int slot = 0, done_slot = 0;
   uint32_t phase = 0, done_phase = 0;
   float acc[FusedPlainCfg::kAccRegs];
+  // Every barrier wait of the consumers ends a stall this way, never by a trap.
+  const ConsumerExitOnStall<kScope> on_stall(ctx);
 
   for (;;) {
-    mbarrier_wait_parity(&smem.task_full[slot], phase);
+    mbarrier_wait_parity(&smem.task_full[slot], phase, on_stall);
     const GemmTask task = smem.tasks[slot];
     // The slot (and its resolved rows) stays ours until the epilogue is done.
     const int task_slot = slot;
@@ -37,7 +40,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
       if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
       // Tell the signaler the list is over (after every earlier task).
       if (lane == 0) {
-        mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
+        mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u, on_stall);
         if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done_slot] = task;
         mbarrier_arrive(&smem.done_full[done_slot]);
       }
@@ -60,18 +63,18 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     // full or less) computes and stores nothing; the other one runs alone.
     const bool idle = consumer * 64 >= task.real_rows;
     if (idle) {
-      skip_tile<FusedPlainCfg>(ring, k / FusedPlainCfg::kBlockK);
+      skip_tile<FusedPlainCfg>(ring, k / FusedPlainCfg::kBlockK, on_stall);
     } else if (is_gate_up(task.kind)) {
       mma_tile<FusedSwigluCfg>(reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
                                reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), consumer,
-                               k / FusedPlainCfg::kBlockK, acc);
+                               k / FusedPlainCfg::kBlockK, acc, on_stall);
     } else {
-      mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc);
+      mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc, on_stall);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
     // Every task, not only down tasks: the resolver must be done with this
     // slot before the consumers give it back to the producer.
-    mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase);
+    mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
 
     const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
     switch (idle ? TaskKind::kNone : task.kind) {
@@ -124,7 +127,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     if (is_gate_up(task.kind)) fence_proxy_async_global();
     __syncwarp();
     if (lane == 0) {
-      mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u);
+      mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u, on_stall);
       if (consumer == 0 && threadIdx.x % 128 == 0) {
         smem.done[done_slot] = task;
         smem.done[done_slot].signal = ok ? 1 : 0;
