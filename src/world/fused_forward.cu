@@ -291,7 +291,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / ranks_per_gpu;
   // One dispatch CTA per 40 SMs: on an H200 at R = 1, 3 CTAs keep up with the
   // GEMMs (docs/perf-notes.md, f4); more only take SMs from them.
-  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 40);
+  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 33);
   require(o.ctas_per_rank * ranks_per_gpu <= sms, "ctas_per_rank", o.ctas_per_rank,
           ("times the ranks per GPU must not exceed the " + std::to_string(sms) +
            " SMs: every CTA must be resident at once").c_str());
