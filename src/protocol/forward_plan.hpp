@@ -124,25 +124,30 @@ MOK_HD int64_t task_count(const ForwardGeometry& g) {
 }
 
 // Task `index` (m-tile major) of minibatch mb's gate/up or down block.
+// `index` < the block's task count, far below 2^31 (see decode_task).
 MOK_HD Task routed_task(const ForwardGeometry& g, TaskKind kind, int32_t mb, int64_t index) {
   const int32_t n_tiles = kind == TaskKind::kGateUp ? g.gate_up_n_tiles : g.down_n_tiles;
-  return {kind, mb, mb * g.tiles_per_minibatch() + static_cast<int32_t>(index / n_tiles),
-          static_cast<int32_t>(index % n_tiles)};
+  const int32_t i = static_cast<int32_t>(index);
+  return {kind, mb, mb * g.tiles_per_minibatch() + i / n_tiles, i % n_tiles};
 }
 
+// Every quotient below is taken in 32 bits: tickets come from a 32-bit
+// counter, and the host refuses a pass that could have 2^31 tasks or more
+// (FusedForward's layout), so each dividend fits. (64-bit divisions are
+// function calls on the GPU, on the producer's path between two tasks.)
 MOK_HD Task decode_task(const ForwardGeometry& g, int64_t ticket) {
   constexpr Task kNoTask{TaskKind::kNone, -1, -1, -1};
-  if (ticket < 0) return kNoTask;
+  if (ticket < 0 || ticket > 0x7fffffff) return kNoTask;
   const int64_t shared_gu = static_cast<int64_t>(g.shared_m_tiles) * g.shared_gate_up_n_tiles;
   const int64_t shared_dn = static_cast<int64_t>(g.shared_m_tiles) * g.shared_down_n_tiles;
   if (ticket < shared_gu) {
-    return {TaskKind::kSharedGateUp, -1, static_cast<int32_t>(ticket / g.shared_gate_up_n_tiles),
-            static_cast<int32_t>(ticket % g.shared_gate_up_n_tiles)};
+    const int32_t i = static_cast<int32_t>(ticket);
+    return {TaskKind::kSharedGateUp, -1, i / g.shared_gate_up_n_tiles, i % g.shared_gate_up_n_tiles};
   }
   ticket -= shared_gu;
   if (ticket < shared_dn) {
-    return {TaskKind::kSharedDown, -1, static_cast<int32_t>(ticket / g.shared_down_n_tiles),
-            static_cast<int32_t>(ticket % g.shared_down_n_tiles)};
+    const int32_t i = static_cast<int32_t>(ticket);
+    return {TaskKind::kSharedDown, -1, i / g.shared_down_n_tiles, i % g.shared_down_n_tiles};
   }
   ticket -= shared_dn;
 
@@ -161,8 +166,9 @@ MOK_HD Task decode_task(const ForwardGeometry& g, int64_t ticket) {
   const int64_t full_down = static_cast<int64_t>(g.tiles_per_minibatch()) * g.down_n_tiles;
   const int32_t full_pairs = M - 1 - L > 0 ? M - 1 - L : 0;
   if (ticket < full_pairs * (full_gu + full_down)) {
-    const int32_t j = static_cast<int32_t>(ticket / (full_gu + full_down));
-    const int64_t in_pair = ticket % (full_gu + full_down);
+    const int32_t pair = static_cast<int32_t>(full_gu + full_down);
+    const int32_t j = static_cast<int32_t>(ticket) / pair;
+    const int64_t in_pair = static_cast<int32_t>(ticket) % pair;
     return in_pair < full_down ? routed_task(g, TaskKind::kDown, j, in_pair)
                                : routed_task(g, TaskKind::kGateUp, j + L, in_pair - full_down);
   }

@@ -342,6 +342,23 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
       }
     }
   }
+  // The GEMM tickets of a pass are decoded in 32 bits (forward_plan.hpp):
+  // refuse a shape whose largest schedule could reach 2^31 tasks.
+  {
+    const int64_t m_tiles = (static_cast<int64_t>(row_capacity) + kTileM - 1) / kTileM;
+    const int64_t n_tiles = (I + device::kGateUpOutCols - 1) / device::kGateUpOutCols +
+                            (H + device::kDownOutCols - 1) / device::kDownOutCols;
+    int64_t most_tokens = 0;
+    for (int r = 0; r < R; ++r) most_tokens = std::max<int64_t>(most_tokens, config.tokens_per_rank[r]);
+    const int64_t shared_tasks = S > 0 ? (most_tokens + kTileM - 1) / kTileM *
+                                             ((S + device::kGateUpOutCols - 1) / device::kGateUpOutCols +
+                                              (H + device::kDownOutCols - 1) / device::kDownOutCols)
+                                       : 0;
+    if (m_tiles * n_tiles + shared_tasks > 0x7fffffff) {
+      throw Error("fused forward: a pass of this shape could have " + std::to_string(m_tiles * n_tiles + shared_tasks) +
+                  " GEMM tasks; at most 2^31 - 1 are supported (fewer tokens per pass)");
+    }
+  }
   // Every rank's layout (a process world reads its peers' memory by it), but
   // memory only for the ranks this object serves.
   for (int r = 0; r < R; ++r) {

@@ -37,13 +37,21 @@ struct GemmTileConfig {
   // global memory as the walk goes).
   static constexpr int kSmemGroups = 512;
 
-  // Register split (65536 per SM, one CTA per SM): the producer warpgroup
-  // keeps 40, the consumers share the rest, rounded down to a multiple of 8.
+  // Register split. setmaxnreg only moves registers within what the CTA got
+  // at launch: kThreads x the entry budget ptxas gives __launch_bounds__(
+  // kThreads, 1) (65536 / 384 -> 168), i.e. 64,512, not 65,536. The producer
+  // warpgroup keeps 40; the consumers share the rest, rounded down to a
+  // multiple of 8 (232 with two consumer warpgroups: 40 x 128 + 232 x 256 =
+  // 64,512 exactly). Asking for more than the launch gave makes
+  // setmaxnreg.inc wait forever.
+  static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs =
-      ((65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups)) / 8 * 8 > 240
+      ((kThreads * kEntryRegs - 128 * kProducerRegs) / (128 * kConsumerWarpgroups)) / 8 * 8 > 240
           ? 240
-          : ((65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups)) / 8 * 8;
+          : ((kThreads * kEntryRegs - 128 * kProducerRegs) / (128 * kConsumerWarpgroups)) / 8 * 8;
+  static_assert(128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= kThreads * kEntryRegs,
+                "the register split must fit in what the CTA has at launch");
 
   static_assert(kBlockM % 64 == 0 && kBlockM >= 64 && kBlockM <= 128, "BM: 64 or 128");
   static_assert(kBlockN == 128 || kBlockN == 256, "BN: a wgmma N this build wraps");
