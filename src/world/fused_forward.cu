@@ -289,8 +289,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   }
   const int ranks_per_gpu = s.peer_world || s.process_world ? 1 : R;
   if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / ranks_per_gpu;
-  // One dispatch CTA per 40 SMs: on an H200 at R = 1, 3 CTAs keep up with the
-  // GEMMs (docs/perf-notes.md, f4); more only take SMs from them.
+  // One dispatch CTA per 33 SMs: on an H200 at R = 1, 4 CTAs beat 3 and 5
+  // (docs/perf-notes.md, f6); more only take SMs from the GEMMs.
   if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 33);
   require(o.ctas_per_rank * ranks_per_gpu <= sms, "ctas_per_rank", o.ctas_per_rank,
           ("times the ranks per GPU must not exceed the " + std::to_string(sms) +

@@ -17,7 +17,13 @@
 // A consumer's barriers are completed by its own CTA's producer warpgroup,
 // whose waits time out first (the pass's timeout for counters, 10 s for its
 // barriers, which trap; this one is the pass's timeout plus 10 s), so in
-// practice this only ever names a broken CTA.
+// practice the trap ends the kernel before this policy fires.
+//
+// Known flaw (review): giving up is decided per thread, so the warps of a
+// warpgroup, and lane 0 in its lone done_empty waits, need not agree on when
+// to stop; a partial warpgroup must not issue wgmma. Branch
+// fix/consumer-stall replaces this with a deliberate fault (built, SASS
+// checked, not yet run on a GPU).
 #pragma once
 
 #include <cstdint>
