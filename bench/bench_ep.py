@@ -42,6 +42,7 @@ apply_no_multicast_env()  # before torch.distributed starts NCCL
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_timing import event_ms  # noqa: E402
 
 SHAPES = {  # name: (H, I, E, k, shared width)
     "deepseek-v3": (7168, 2048, 256, 8, 2048),
@@ -102,14 +103,9 @@ def nccl_pipeline(x, ids, w, w13, w2, sw13, sw2, E, R):
 
 
 def timed_ms(fn):
-    dist.barrier()
+    dist.barrier()  # every rank starts the timed call together
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    return event_ms(fn)
 
 
 def paired_ms(fn_a, fn_b, rounds=5, iters=4):

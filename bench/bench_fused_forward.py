@@ -23,22 +23,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
-
-
-def time_once_ms(fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+from bench_timing import event_ms  # noqa: E402
 
 
 def median_ms(fn, warmup=5, iters=20):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = sorted(time_once_ms(fn) for _ in range(iters))
+    times = sorted(event_ms(fn) for _ in range(iters))
     return times[len(times) // 2]
 
 
@@ -52,7 +44,7 @@ def paired_ms(fn_a, fn_b, rounds=5, iters=4):
     times = ([], [])
     for _ in range(rounds):
         for fn, out in ((fn_a, times[0]), (fn_b, times[1])):
-            out.extend(time_once_ms(fn) for _ in range(iters))
+            out.extend(event_ms(fn) for _ in range(iters))
     return tuple(sorted(t)[len(t) // 2] for t in times)
 
 
