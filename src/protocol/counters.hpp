@@ -36,7 +36,6 @@ enum class CounterId : uint32_t {
   kWorldStarted = 11,   // world_barrier.hpp: a rank waited for a peer to start the pass
   kWorldFinished = 12,  // world_barrier.hpp: a rank waited for a peer to finish the pass
   kScheduleScanned = 13,
-  kGemmBarrier = 14,  // not a counter: a GEMM CTA's own barrier (index = CTA) never completed
 };
 
 inline const char* counter_name(CounterId id) {
@@ -55,7 +54,6 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";
-    case CounterId::kGemmBarrier: return "GEMM CTA barrier";
   }
   return "unknown";
 }

@@ -908,12 +908,6 @@ void FusedForward::check_report() {
                 to_string(static_cast<int32_t>(report.observed)) + " is out of range [0, " +
                 to_string(s.config.num_experts) + ") or repeats an earlier slot of the token");
   }
-  if (id == protocol::CounterId::kGemmBarrier) {
-    throw Error("fused forward stalled: on rank " + to_string(report.waiter) + ", GEMM CTA " +
-                to_string(report.index) + "'s consumers waited more than " + to_string(s.options.timeout_seconds) +
-                " + 10 s on a barrier of their own CTA, which no counter wait explains: a protocol bug (" +
-                s.options.describe() + ")");
-  }
   throw Error("fused forward stalled: rank " + to_string(report.waiter) + " waited on " +
               protocol::counter_name(id) + "[" + to_string(report.index) + "] of rank " + to_string(report.owner) +
               " for >= " + to_string(report.target) + " but saw " + to_string(report.observed) + " after " +

@@ -35,17 +35,14 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 }
 
 // What a barrier wait does when it has waited `timeout_ns`: a wait that long
-// means a protocol bug, not a slow GPU, so by default the kernel traps (the
-// launch fails with cudaErrorLaunchFailure / illegal instruction) instead of
-// hanging the machine. No printf here: a function call anywhere in the kernel
-// makes ptxas serialise every wgmma (warning C7510). Code that raised its
-// register budget with setmaxnreg cannot trap (roles/consumer_stall.cuh says
-// why) and passes its own policy: one whose operator() returns makes the
-// wait return with the phase NOT complete, and once its gave_up() is true,
-// later waits return at once; the caller must then stop.
+// means a protocol bug, not a slow GPU, so the kernel must end instead of
+// hanging the machine; a policy's operator() never returns. By default it
+// traps (the launch fails with cudaErrorLaunchFailure). No printf here: a
+// function call anywhere in the kernel makes ptxas serialise every wgmma
+// (warning C7510). Code that raised its register budget with setmaxnreg
+// cannot trap (roles/consumer_stall.cuh says why) and passes its own policy.
 struct TrapOnStall {
   uint64_t timeout_ns = 10ull * 1000 * 1000 * 1000;
-  __device__ bool gave_up() const { return false; }
   __device__ void operator()() const { __trap(); }
 };
 
@@ -54,8 +51,7 @@ template <class OnStall = TrapOnStall>
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity,
                                                      const OnStall& on_stall = {}) {
   if (cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar,
-                                          parity) ||
-      on_stall.gave_up()) {
+                                          parity)) {
     return;
   }
   const uint64_t start = cuda::ptx::get_sreg_globaltimer();
@@ -64,7 +60,6 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
                                               parity)) {
     if ((++polls & 1023u) == 0 && cuda::ptx::get_sreg_globaltimer() - start > on_stall.timeout_ns) {
       on_stall();
-      return;
     }
   }
 }

@@ -23,12 +23,11 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   uint32_t phase = 0, done_phase = 0;
   float acc[FusedPlainCfg::kAccRegs];
   // Every barrier wait of the consumers ends a stall this way, never by a
-  // trap; after one, the consumer stops before any store or new task.
-  const ConsumerGiveUpOnStall<kScope> on_stall(ctx);
+  // trap.
+  const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
 
   for (;;) {
     mbarrier_wait_parity(&smem.task_full[slot], phase, on_stall);
-    if (on_stall.gave_up()) return false;
     const GemmTask task = smem.tasks[slot];
     // The slot (and its resolved rows) stays ours until the epilogue is done.
     const int task_slot = slot;
@@ -77,7 +76,6 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     // Every task, not only down tasks: the resolver must be done with this
     // slot before the consumers give it back to the producer.
     mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
-    if (on_stall.gave_up()) return false;
 
     const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
     switch (idle ? TaskKind::kNone : task.kind) {
