@@ -105,7 +105,8 @@ def split_world(R, x, ids, w, w13, w2):
     return xs, idss, ws, w13s, w2s
 
 
-def fused(R, layer, minibatch=1024, slots=4, ctas=0, comm=0, lookahead=2, check=False):
+def fused(R, layer, minibatch=0, slots=0, ctas=0, comm=0, lookahead=0, check=False):
+    """0: the library's default (FusedForwardOptions)."""
     x, ids, w, w13, w2, sw13, sw2 = layer
     xs, idss, ws, w13s, w2s = split_world(R, x, ids, w, w13, w2)
     E = w13.shape[0]
@@ -148,7 +149,7 @@ def main():
             sweeps = [(f"R={R} virtual", dict(R=R)) for R in (2, 4, 8)]
             sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
             sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 11)]
-            sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (512, 2048)]
+            sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (1024, 4096)]
             for cfg, kw in sweeps:
                 R = kw.pop("R", 1)
                 t_native, t = paired_ms(lambda: torch_native(*layer), fused(R, layer, **kw))

@@ -47,10 +47,7 @@ struct Options {
   bool backward = false;
   bool cpu = false;  // force the CPU reference even where a GPU exists
   int iterations = 20;
-  int minibatch_rows = 1024;
-  int ring_slots = 4;
-  int comm_ctas = 0;
-  int lookahead = 2;
+  mok::FusedForwardOptions forward;  // --minibatch-rows, --ring-slots, --comm-ctas, --lookahead
   std::string trace_file;  // non-empty: also trace one pass, summarise it, write its events here (CSV)
   // --compare: option sets timed against the base options in the same
   // process, on the same data, alternating, for `rounds` rounds.
@@ -59,6 +56,7 @@ struct Options {
 };
 
 void print_usage() {
+  const mok::FusedForwardOptions defaults;
   std::printf(
       "usage: mok_cli [options]\n"
       "  With a Hopper GPU: runs the fused forward (virtual world of R ranks on one GPU),\n"
@@ -77,17 +75,18 @@ void print_usage() {
       "  --backward             also run the reference backward\n"
       "  --cpu                  run the CPU reference even where a GPU exists\n"
       "  --iterations N         timed GPU runs (default 20)\n"
-      "  --minibatch-rows N     fused forward minibatch (default 1024)\n"
-      "  --ring-slots N         fused forward ring slots (default 4)\n"
+      "  --minibatch-rows N     fused forward minibatch (default %d)\n"
+      "  --ring-slots N         fused forward ring slots (default %d)\n"
       "  --comm-ctas N          dispatch CTAs per rank (default: automatic)\n"
-      "  --lookahead N          gate/up minibatches ahead of the down tasks (default 2)\n"
+      "  --lookahead N          gate/up minibatches ahead of the down tasks (default %d)\n"
       "  --trace FILE           also trace one pass: print where its time went, write its events (CSV)\n"
       "  --compare SET          also time the fused forward with SET, a comma-separated list of\n"
       "                         minibatch-rows=N, ring-slots=N, comm-ctas=N, lookahead=N, against\n"
       "                         the options above, alternating in one process on the same data\n"
       "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
       "  --rounds N             alternations for --compare (default 3)\n"
-      "  --list-presets         print the presets and exit\n");
+      "  --list-presets         print the presets and exit\n",
+      defaults.minibatch_rows, defaults.ring_slots, defaults.lookahead);
 }
 
 std::vector<int> parse_list(const std::string& text) {
@@ -126,10 +125,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--backward") o.backward = true;
     else if (arg == "--cpu") o.cpu = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
-    else if (arg == "--minibatch-rows") o.minibatch_rows = std::stoi(value());
-    else if (arg == "--ring-slots") o.ring_slots = std::stoi(value());
-    else if (arg == "--comm-ctas") o.comm_ctas = std::stoi(value());
-    else if (arg == "--lookahead") o.lookahead = std::stoi(value());
+    else if (arg == "--minibatch-rows") o.forward.minibatch_rows = std::stoi(value());
+    else if (arg == "--ring-slots") o.forward.ring_slots = std::stoi(value());
+    else if (arg == "--comm-ctas") o.forward.comm_ctas_per_rank = std::stoi(value());
+    else if (arg == "--lookahead") o.forward.lookahead = std::stoi(value());
     else if (arg == "--trace") o.trace_file = value();
     else if (arg == "--compare") o.compare.push_back(value());
     else if (arg == "--rounds") o.rounds = std::stoi(value());
@@ -366,15 +365,10 @@ void compare_options(const Options& o, const mok::LayerConfig& config, const mok
 
 int run_gpu(const Options& o) {
   const mok::LayerConfig config = make_config(o);
-  mok::FusedForwardOptions options;
-  options.minibatch_rows = o.minibatch_rows;
-  options.ring_slots = o.ring_slots;
-  options.comm_ctas_per_rank = o.comm_ctas;
-  options.lookahead = o.lookahead;
   auto start = std::chrono::steady_clock::now();
   const mok::synthetic::Layer layer = mok::synthetic::make_layer(config, o.seed, routing_mode(o.routing));
   mok::DeviceLayer device(layer);
-  mok::FusedForward forward(config, options);
+  mok::FusedForward forward(config, o.forward);
   std::printf("[1/3] synthetic data (seed %llu, %s routing) on the GPU, workspace: %.3f s\n      %s\n",
               static_cast<unsigned long long>(o.seed), o.routing.c_str(), seconds_since(start),
               forward.options().describe().c_str());
@@ -385,8 +379,8 @@ int run_gpu(const Options& o) {
               "host enqueue %.0f us\n",
               timing.pass_ms, o.iterations, flops / timing.pass_ms * 1e-9, timing.back_to_back_ms, timing.enqueue_us);
   report_energy(forward, device, timing.back_to_back_ms, flops);
-  if (!o.trace_file.empty()) trace_pass(config, options, device, o.trace_file);
-  if (!o.compare.empty()) compare_options(o, config, options, forward, device);
+  if (!o.trace_file.empty()) trace_pass(config, o.forward, device, o.trace_file);
+  if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 
   // The CPU reference costs about a second per 5 GFLOP on two cores: check
   // only what it can afford.

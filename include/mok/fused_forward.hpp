@@ -38,7 +38,8 @@ struct CUstream_st;
 namespace mok {
 
 struct FusedForwardOptions {
-  int minibatch_rows = 1024;  // rows per ring slot; a multiple of 128
+  int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128 (2048: 1.2-3.3% faster than 1024
+                              // on the DeepSeek-V3, GLM-4.5 and Qwen3 slices, docs/perf-notes.md f7)
   int ring_slots = 4;         // ring (macrobatch) = ring_slots * minibatch_rows rows per rank
   int lookahead = 2;          // gate/up minibatches taken ahead of a minibatch's down tasks
                               // (capped at ring_slots; docs/protocol.md)

@@ -111,12 +111,8 @@ std::vector<at::Tensor> fused_forward_checked(at::TensorList x, at::TensorList e
     config.tokens_per_rank.push_back(static_cast<int>(T));
   }
 
-  mok::FusedForwardOptions options;
-  options.minibatch_rows = static_cast<int>(minibatch_rows);
-  options.ring_slots = static_cast<int>(ring_slots);
-  options.ctas_per_rank = static_cast<int>(ctas_per_rank);
-  options.comm_ctas_per_rank = static_cast<int>(comm_ctas_per_rank);
-  options.lookahead = static_cast<int>(lookahead);
+  const mok::FusedForwardOptions options =
+      mok::torch_ops::tuning_options(minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank, lookahead);
 
   const c10::cuda::CUDAGuard guard(device);
   std::vector<at::Tensor> out;
@@ -160,8 +156,8 @@ std::string last_error() { return last_error_message(); }
 TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
-      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int minibatch_rows=1024, int ring_slots=4, "
-      "int ctas_per_rank=0, int comm_ctas_per_rank=0, int lookahead=2, bool check_errors=False) -> Tensor[]");
+      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int minibatch_rows=0, int ring_slots=0, "
+      "int ctas_per_rank=0, int comm_ctas_per_rank=0, int lookahead=0, bool check_errors=False) -> Tensor[]");
   m.def("last_error() -> str", &last_error);
 }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "mok/fused_forward.hpp"
+
 namespace mok::torch_ops {
 
 // A rejected argument; caught by `guarded`.
@@ -48,6 +50,21 @@ inline void check_shape(const at::Tensor& t, const std::string& name, const std:
     want += (d ? ", " : "") + num(sizes[d]);
   }
   expect(same, name + " must be " + want + "]");
+}
+
+// The fused forward's tuning options as the ops take them. 0 keeps the
+// library's default (FusedForwardOptions), so that the Python signatures do
+// not repeat the defaults; for the CTA counts 0 already means "automatic".
+// Other values go through as given and FusedForward validates them.
+inline FusedForwardOptions tuning_options(int64_t minibatch_rows, int64_t ring_slots, int64_t ctas_per_rank,
+                                          int64_t comm_ctas_per_rank, int64_t lookahead) {
+  FusedForwardOptions o;
+  if (minibatch_rows != 0) o.minibatch_rows = static_cast<int>(minibatch_rows);
+  if (ring_slots != 0) o.ring_slots = static_cast<int>(ring_slots);
+  if (lookahead != 0) o.lookahead = static_cast<int>(lookahead);
+  o.ctas_per_rank = static_cast<int>(ctas_per_rank);
+  o.comm_ctas_per_rank = static_cast<int>(comm_ctas_per_rank);
+  return o;
 }
 
 // Runs `body`; any exception (BadInput, mok::Error) becomes `failed` with

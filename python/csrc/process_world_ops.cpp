@@ -83,13 +83,9 @@ int64_t create(int64_t rank, at::IntArrayRef tokens_per_rank, int64_t hidden, in
     c.num_shared_experts = shared_intermediate > 0 ? 1 : 0;
     c.shared_intermediate = static_cast<int>(shared_intermediate);
     for (int64_t t : tokens_per_rank) c.tokens_per_rank.push_back(static_cast<int>(t));
-    mok::FusedForwardOptions o;
+    mok::FusedForwardOptions o =
+        mok::torch_ops::tuning_options(minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank, lookahead);
     o.process_rank = static_cast<int>(rank);
-    o.minibatch_rows = static_cast<int>(minibatch_rows);
-    o.ring_slots = static_cast<int>(ring_slots);
-    o.ctas_per_rank = static_cast<int>(ctas_per_rank);
-    o.comm_ctas_per_rank = static_cast<int>(comm_ctas_per_rank);
-    o.lookahead = static_cast<int>(lookahead);
     o.timeout_seconds = timeout_seconds;
     o.barrier_timeout_seconds = barrier_timeout_seconds;
     world->rank = static_cast<int>(rank);

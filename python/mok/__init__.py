@@ -61,8 +61,8 @@ def grouped_mm_swiglu(a: torch.Tensor, w13: torch.Tensor, group_offset: torch.Te
 
 
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                  num_experts: int, minibatch_rows: int = 1024, ring_slots: int = 4,
-                  ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0, lookahead: int = 2,
+                  num_experts: int, minibatch_rows: int = 0, ring_slots: int = 0,
+                  ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0, lookahead: int = 0,
                   check_errors: bool = False):
     """The fused MoE layer forward (one persistent kernel).
 
@@ -73,6 +73,8 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     None. Returns [out[r] [T_r, H] bf16]. Results are bitwise identical for
     any R, minibatch, ring size or SM split. check_errors=True synchronises
     and raises on a stalled pass or a bad expert id (rank, token, slot named).
+    The tuning options are FusedForwardOptions (include/mok/fused_forward.hpp);
+    0 keeps the library's default, or its automatic choice for the CTA counts.
     """
     out = torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
                                       shared_w13, shared_w2, num_experts, minibatch_rows, ring_slots,

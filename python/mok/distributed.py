@@ -59,13 +59,14 @@ class FusedMoEWorld:
     every rank, the same list on every rank. num_experts: E for the whole
     world (a multiple of the group size). shared_intermediate: S of the shared
     expert, 0 for none. device: this rank's GPU (default: the current one).
-    The other arguments are FusedForwardOptions (include/mok/fused_forward.hpp).
+    The other arguments are FusedForwardOptions (include/mok/fused_forward.hpp);
+    0 keeps the library's default (the automatic choice for the CTA counts).
     """
 
     def __init__(self, group, tokens_per_rank, hidden: int, intermediate: int, num_experts: int,
-                 top_k: int, shared_intermediate: int = 0, *, minibatch_rows: int = 1024,
-                 ring_slots: int = 4, ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0,
-                 lookahead: int = 2, timeout_seconds: float = 5.0,
+                 top_k: int, shared_intermediate: int = 0, *, minibatch_rows: int = 0,
+                 ring_slots: int = 0, ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0,
+                 lookahead: int = 0, timeout_seconds: float = 5.0,
                  barrier_timeout_seconds: float = 60.0, device=None):
         self.group = group
         self.rank = dist.get_rank(group)
