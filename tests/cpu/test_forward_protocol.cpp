@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -44,6 +45,10 @@ struct ModelOptions {
   int lookahead = 1;
   int dispatch_workers = 2;  // per rank; 0 starves the pass (timeout test)
   int gemm_workers = 3;      // per rank
+  // Tickets a GEMM worker holds beyond the one it works on. A device GEMM CTA
+  // holds up to 2 (the fetcher's, and the one the producer streams while the
+  // consumers work on a third); the model holds more, the stronger case.
+  int tickets_ahead = 3;
   int dispatch_delay_us = 20;
   int gemm_delay_us = 20;
   bool dispatch_ignores_ring = false;  // a planted bug: the checks must catch it
@@ -173,15 +178,17 @@ class ProtocolModel {
     RankModel& m = ranks_[r];
     const ForwardGeometry& g = m.geometry;
     std::mt19937 rng(static_cast<unsigned>(5000 + 1000 * r + w));
-    // Like the device's producer, a worker holds its next ticket while the
-    // current task waits and runs (here from before the waits: the stronger
-    // case), so the model also checks that reserving a ticket early cannot
-    // deadlock the ticket order.
-    int64_t next = take_ticket(sync_, m.counters);
+    // Like a device GEMM CTA (fetcher, fetch slot, task slot), a worker holds
+    // later tickets while the current task waits and runs (here reserved
+    // before the waits: the stronger case), so the model also checks that
+    // reserving tickets early cannot deadlock the ticket order.
+    std::deque<int64_t> held;
+    for (int i = 0; i <= options_.tickets_ahead; ++i) held.push_back(take_ticket(sync_, m.counters));
     for (;;) {
-      const int64_t ticket = next;
+      const int64_t ticket = held.front();
+      held.pop_front();
       if (ticket >= task_count(g)) return;
-      next = take_ticket(sync_, m.counters);
+      held.push_back(take_ticket(sync_, m.counters));
       const Task task = decode_task(g, ticket);
       delay(rng, options_.gemm_delay_us);
       bool ok = true;
@@ -350,6 +357,14 @@ TEST(ForwardProtocol, CompletesAndMovesEveryRowOnceUnderRandomDelays) {
       }
     }
   }
+}
+
+// The fewest tickets ahead a worker can hold; keep that case covered too.
+TEST(ForwardProtocol, CompletesWithOneTicketHeldAhead) {
+  auto config = mok::make_config(mok::find_shape("small"), 2, 8);
+  ModelOptions options;
+  options.tickets_ahead = 1;
+  run_and_expect_clean(config, mok::synthetic::RoutingMode::kUniform, options, 6);
 }
 
 TEST(ForwardProtocol, RingFarSmallerThanOneExpertsRows) {

@@ -18,6 +18,7 @@
 #include "device/roles/combine_role.cuh"
 #include "device/roles/dispatch_role.cuh"
 #include "device/roles/gemm_consumer.cuh"
+#include "device/roles/gemm_fetcher.cuh"
 #include "device/roles/gemm_producer.cuh"
 #include "device/roles/gemm_role.cuh"
 #include "device/roles/gemm_row_resolver.cuh"
@@ -86,6 +87,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (threadIdx.x == 0) {
     StageRing<FusedPlainCfg::kStages>::init(gemm_smem.storage.full, gemm_smem.storage.empty,
                                             FusedPlainCfg::kConsumerWarps);
+    for (int s = 0; s < kFetchSlots; ++s) {
+      mbarrier_init(&gemm_smem.fetch_full[s], 1);
+      mbarrier_init(&gemm_smem.fetch_empty[s], 1);
+    }
     for (int s = 0; s < kTaskSlots; ++s) {
       mbarrier_init(&gemm_smem.task_full[s], 1);
       mbarrier_init(&gemm_smem.task_empty[s], FusedPlainCfg::kConsumerWarps);
@@ -105,6 +110,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
     if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
     if (threadIdx.x / 32 == 2) gemm_row_resolver(ctx, gemm_smem);
+    if (threadIdx.x == 96) gemm_fetcher(ctx, gemm_smem);
     world_finish<kScope>(params, kFusedWarps);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();

@@ -1,15 +1,16 @@
-// The GEMM CTAs of the fused forward: a producer warpgroup (one thread takes
-// tickets, waits for each task's inputs, posts the task to the consumers and
-// streams its operands by TMA; another thread, the signaler, publishes each
-// finished task's completion) and two consumer warpgroups (wgmma over the
-// whole K, then the task's epilogue; they hand the task to the signaler and
-// start the next one at once, so the release fences and counter atomics of a
-// task overlap the next task's mainloop). The tasks
+// The GEMM CTAs of the fused forward: a producer warpgroup (a fetcher thread
+// takes the next ticket and waits for its task's inputs while the producer
+// thread streams the current task's operands by TMA, then hands it over; the
+// signaler thread publishes each finished task's completion; the
+// row-resolver warp finds where a down task's rows go) and two consumer
+// warpgroups (wgmma over the whole K, then the task's epilogue; they hand the
+// task to the signaler and start the next one at once, so the release fences
+// and counter atomics of a task overlap the next task's mainloop). The tasks
 // and their order are src/protocol/forward_plan.hpp's; every wait and signal
 // is a named operation of src/protocol/counters.hpp. This file holds what the
 // roles share (tile configs, the task record, the CTA's shared memory and its
-// queues); each role has its own file: gemm_producer.cuh, gemm_consumer.cuh,
-// gemm_row_resolver.cuh, gemm_signaler.cuh.
+// queues); each role has its own file: gemm_fetcher.cuh, gemm_producer.cuh,
+// gemm_consumer.cuh, gemm_row_resolver.cuh, gemm_signaler.cuh.
 //
 //   task            A (TMA)        B (TMA)        epilogue -> signals
 //   shared gate/up  x              shared w13     silu(g)*u -> shared_h        -> shared_h_ready
@@ -17,7 +18,7 @@
 //   gate/up         x ring         w13[expert]    silu(g)*u -> h ring          -> ring_consumed, h_ready
 //   down            h ring         w2[expert]     bf16      -> home combine row-> h_consumed, down_done
 //
-// Before posting a task the producer waits for its inputs: nothing (shared
+// Before queueing a task the fetcher waits for its inputs: nothing (shared
 // gate/up), shared_h_ready, tile_filled and the h slot free, or h_ready.
 #pragma once
 
@@ -42,6 +43,7 @@ using FusedSwigluCfg = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
 static_assert(sizeof(GemmSharedStorage<FusedPlainCfg>) == sizeof(GemmSharedStorage<FusedSwigluCfg>));
 static_assert(FusedSwigluCfg::kOutCols == kGateUpOutCols && FusedPlainCfg::kOutCols == kDownOutCols);
 
+inline constexpr int kFetchSlots = 1;  // tasks fetched ahead of the producer (gemm_fetcher.cuh)
 inline constexpr int kTaskSlots = 2;
 inline constexpr int kDoneSlots = 2;  // finished tasks queued for the signaler
 
@@ -58,6 +60,9 @@ struct GemmTask {
 
 struct FusedGemmShared {
   GemmSharedStorage<FusedPlainCfg> storage;
+  GemmTask fetched[kFetchSlots];
+  uint64_t fetch_full[kFetchSlots];   // the fetcher queued a task whose inputs are ready
+  uint64_t fetch_empty[kFetchSlots];  // the producer took it
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
@@ -67,7 +72,7 @@ struct FusedGemmShared {
   GemmTask done[kDoneSlots];
   uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
   uint64_t done_empty[kDoneSlots];  // the signaler took the task
-  int32_t expert_offset[kMaxScheduleExperts + 1];  // the producer's copy of the rank's schedule offsets
+  int32_t expert_offset[kMaxScheduleExperts + 1];  // the fetcher's copy of the rank's schedule offsets
   int32_t expert_rows[kMaxScheduleExperts];        // and of its real rows per expert
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).

@@ -1,0 +1,113 @@
+// The GEMM CTA's fetcher thread: tickets, decoding, input waits (gemm_role.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "device/roles/gemm_role.cuh"
+
+namespace mok::device {
+
+// The local expert whose padded block holds schedule row `row`, by binary
+// search over the fetcher's shared-memory copy of the expert offsets (a
+// search over global memory would be a chain of dependent L2 round trips).
+__device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, int32_t num_local, int32_t row) {
+  int32_t lo = 0, hi = num_local - 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const int32_t mid = (lo + hi + 1) / 2;
+    if (expert_offset[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Fetcher thread: takes the CTA's tickets in order, turns each into a task
+// whose inputs are ready, and queues it for the producer (fetch slot). While
+// the producer streams one task, the fetcher takes the next ticket and waits
+// for that task's inputs, so the decode and the acquire round trips overlap
+// the current task's loads instead of sitting between its last stage and the
+// next task's first. Ends the queue with a kNone task when the list is
+// exhausted or the pass aborts.
+template <cuda::thread_scope kScope>
+__device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
+  using protocol::TaskKind;
+  const RankView& v = ctx.view();
+  const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
+  const int64_t shared_tasks = protocol::task_count(shared_geometry);  // with 0 routed rows
+  protocol::ForwardGeometry g = shared_geometry;
+  bool have_schedule = false;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (;;) {
+    // The ticket is taken only once the producer has taken the previous task
+    // out of the slot (it streams that one now): exactly where the producer
+    // alone used to take it, so a CTA holds no more tickets than before; only
+    // the decode and the input waits move off the producer's path. Taking it
+    // any earlier (right after queueing the previous task) made the pass 21%
+    // slower: tickets held longer stretch every dependency chain.
+    mbarrier_wait_parity(&smem.fetch_empty[slot], phase ^ 1u);
+    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0, 0};
+    const TraceStamp wait_begin = trace_now();
+    // An abort raised elsewhere ends the list here (one raised later is seen
+    // by this task's waits).
+    bool ok = ctx.sync.load_relaxed(v.counters.abort) == 0;
+    const int64_t ticket = ok ? protocol::take_ticket(ctx.sync, v.counters) : -1;
+    if (ok && ticket >= shared_tasks && !have_schedule) {
+      ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
+      if (ok) {
+        g = ctx.geometry(ctx.padded_rows());
+        for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
+        for (int e = 0; e < ctx.params.num_local_experts; ++e) smem.expert_rows[e] = __ldcg(&v.expert_rows[e]);
+      }
+      have_schedule = true;
+    }
+    if (ok && ticket < protocol::task_count(g)) {
+      const protocol::Task t = protocol::decode_task(g, ticket);
+      task.kind = t.kind;
+      task.minibatch = t.minibatch;
+      task.m_tile = t.m_tile;
+      task.n_tile = t.n_tile;
+      switch (t.kind) {
+        case TaskKind::kSharedGateUp: task.row0 = t.m_tile * g.tile_m; break;
+        case TaskKind::kSharedDown:
+          task.row0 = t.m_tile * g.tile_m;
+          ok = protocol::wait_shared_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+          break;
+        case TaskKind::kGateUp:
+          task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
+          task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+          // Its x rows are in the ring, and its h slot was read by the
+          // previous generation's down tasks (smaller tickets).
+          ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank) &&
+               protocol::wait_h_free(ctx.sync, v.counters, g, t.minibatch, ctx.rank);
+          break;
+        case TaskKind::kDown:
+          task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
+          task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+          ok = protocol::wait_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
+          break;
+        case TaskKind::kNone: break;
+      }
+      if (t.kind == TaskKind::kSharedGateUp || t.kind == TaskKind::kSharedDown) {
+        task.real_rows = min(g.tile_m, v.tokens - task.row0);
+      } else if (t.kind != TaskKind::kNone) {
+        const int32_t real_end = smem.expert_offset[task.expert] + smem.expert_rows[task.expert];
+        task.real_rows = min(g.tile_m, real_end - t.m_tile * g.tile_m);
+      }
+      if (!ok) task.kind = TaskKind::kNone;
+      if (task.kind != TaskKind::kNone) {
+        trace_record(ctx.params, TraceKind::kTaskWait, static_cast<int32_t>(task.kind), ctx.rank, wait_begin,
+                     trace_now());
+      }
+    }
+    // Queue it (release, CTA scope: the producer's wait acquires what this
+    // thread acquired from the counters).
+    smem.fetched[slot] = task;
+    mbarrier_arrive(&smem.fetch_full[slot]);
+    if (++slot == kFetchSlots) {
+      slot = 0;
+      phase ^= 1u;
+    }
+    if (task.kind == TaskKind::kNone) return;
+  }
+}
+
+}  // namespace mok::device
