@@ -19,31 +19,28 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   protocol::ForwardGeometry g = shared_geometry;
   bool have_schedule = false;
   bool ok = true;
-  int slot = 0, done_slot = 0;
-  uint32_t phase = 0, done_phase = 0;
+  SlotCursor<kTaskSlots> tasks;
+  SlotCursor<kDoneSlots> done;
   float acc[FusedPlainCfg::kAccRegs];
   // Every barrier wait of the consumers ends a stall this way, never by a
   // trap.
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
 
   for (;;) {
-    mbarrier_wait_parity(&smem.task_full[slot], phase, on_stall);
-    const GemmTask task = smem.tasks[slot];
+    mbarrier_wait_parity(&smem.task_full[tasks.slot], tasks.phase, on_stall);
+    const GemmTask task = smem.tasks[tasks.slot];
     // The slot (and its resolved rows) stays ours until the epilogue is done.
-    const int task_slot = slot;
-    const uint32_t task_phase = phase;
-    if (++slot == kTaskSlots) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    const int task_slot = tasks.slot;
+    const uint32_t task_phase = tasks.phase;
+    tasks.advance();
     if (task.kind == TaskKind::kNone) {
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
       // Tell the signaler the list is over (after every earlier task).
       if (lane == 0) {
-        mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u, on_stall);
-        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done_slot] = task;
-        mbarrier_arrive(&smem.done_full[done_slot]);
+        mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
+        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
+        mbarrier_arrive(&smem.done_full[done.slot]);
       }
       return ok;
     }
@@ -128,17 +125,14 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     if (is_gate_up(task.kind)) fence_proxy_async_global();
     __syncwarp();
     if (lane == 0) {
-      mbarrier_wait_parity(&smem.done_empty[done_slot], done_phase ^ 1u, on_stall);
+      mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
       if (consumer == 0 && threadIdx.x % 128 == 0) {
-        smem.done[done_slot] = task;
-        smem.done[done_slot].signal = ok ? 1 : 0;
+        smem.done[done.slot] = task;
+        smem.done[done.slot].signal = ok ? 1 : 0;
       }
-      mbarrier_arrive(&smem.done_full[done_slot]);
+      mbarrier_arrive(&smem.done_full[done.slot]);
     }
-    if (++done_slot == kDoneSlots) {
-      done_slot = 0;
-      done_phase ^= 1u;
-    }
+    done.advance();
     if (tracer) {
       const TraceStamp end = trace_now();
       trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,

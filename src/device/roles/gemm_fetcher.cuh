@@ -34,8 +34,7 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
   const int64_t shared_tasks = protocol::task_count(shared_geometry);  // with 0 routed rows
   protocol::ForwardGeometry g = shared_geometry;
   bool have_schedule = false;
-  int slot = 0;
-  uint32_t phase = 0;
+  SlotCursor<kFetchSlots> queued;
   for (;;) {
     // The ticket is taken only once the producer has taken the previous task
     // out of the slot (it streams that one now): exactly where the producer
@@ -43,7 +42,7 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
     // the decode and the input waits move off the producer's path. Taking it
     // any earlier (right after queueing the previous task) made the pass 21%
     // slower: tickets held longer stretch every dependency chain.
-    mbarrier_wait_parity(&smem.fetch_empty[slot], phase ^ 1u);
+    mbarrier_wait_parity(&smem.fetch_empty[queued.slot], queued.phase ^ 1u);
     GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0, 0};
     const TraceStamp wait_begin = trace_now();
     // An abort raised elsewhere ends the list here (one raised later is seen
@@ -100,12 +99,9 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
     }
     // Queue it (release, CTA scope: the producer's wait acquires what this
     // thread acquired from the counters).
-    smem.fetched[slot] = task;
-    mbarrier_arrive(&smem.fetch_full[slot]);
-    if (++slot == kFetchSlots) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    smem.fetched[queued.slot] = task;
+    mbarrier_arrive(&smem.fetch_full[queued.slot]);
+    queued.advance();
     if (task.kind == TaskKind::kNone) return;
   }
 }

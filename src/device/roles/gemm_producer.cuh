@@ -16,28 +16,22 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   const RankView& v = ctx.view();
   const CUtensorMap* maps = v.maps;
   StageRing<FusedPlainCfg::kStages> ring{smem.storage.full, smem.storage.empty};
-  int fetch_slot = 0, slot = 0;
-  uint32_t fetch_phase = 0, phase = 0;
+  SlotCursor<kFetchSlots> fetched;
+  SlotCursor<kTaskSlots> posted;
   for (;;) {
-    mbarrier_wait_parity(&smem.fetch_full[fetch_slot], fetch_phase);
-    const GemmTask task = smem.fetched[fetch_slot];
-    mbarrier_arrive(&smem.fetch_empty[fetch_slot]);
-    if (++fetch_slot == kFetchSlots) {
-      fetch_slot = 0;
-      fetch_phase ^= 1u;
-    }
+    mbarrier_wait_parity(&smem.fetch_full[fetched.slot], fetched.phase);
+    const GemmTask task = smem.fetched[fetched.slot];
+    mbarrier_arrive(&smem.fetch_empty[fetched.slot]);
+    fetched.advance();
     // What the fetcher's flags guard was written by generic or bulk stores
     // on other SMs; it acquired them and handed the task over with a
     // release/acquire pair, and this thread's reads are TMA (async proxy).
     if (task.kind != TaskKind::kNone) fence_proxy_async_global();
     // Post the task.
-    mbarrier_wait_parity(&smem.task_empty[slot], phase ^ 1u);
-    smem.tasks[slot] = task;
-    mbarrier_arrive(&smem.task_full[slot]);
-    if (++slot == kTaskSlots) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    mbarrier_wait_parity(&smem.task_empty[posted.slot], posted.phase ^ 1u);
+    smem.tasks[posted.slot] = task;
+    mbarrier_arrive(&smem.task_full[posted.slot]);
+    posted.advance();
     if (task.kind == TaskKind::kNone) return;
 
     // Stream its operands.

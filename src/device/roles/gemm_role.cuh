@@ -27,6 +27,7 @@
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_mainloop.cuh"
+#include "device/pipeline/slot_cursor.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"

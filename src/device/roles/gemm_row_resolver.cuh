@@ -18,10 +18,10 @@ __device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, Fuse
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const int H = ctx.params.hidden, top_k = ctx.params.top_k;
-  int slot = 0;
-  uint32_t phase = 0;
+  SlotCursor<kTaskSlots> at;
   for (;;) {
-    mbarrier_wait_parity(&smem.task_full[slot], phase);
+    const int slot = at.slot;
+    mbarrier_wait_parity(&smem.task_full[slot], at.phase);
     const GemmTask task = smem.tasks[slot];
     if (task.kind == TaskKind::kNone) return;
     if (task.kind == TaskKind::kDown) {
@@ -35,10 +35,7 @@ __device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, Fuse
     }
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&smem.rows_ready[slot]);
-    if (++slot == kTaskSlots) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    at.advance();
   }
 }
 

@@ -16,12 +16,11 @@ __device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGem
   const RankView& v = ctx.view();
   protocol::ForwardGeometry g = ctx.geometry(0);
   bool have_schedule = false;
-  int slot = 0;
-  uint32_t phase = 0;
+  SlotCursor<kDoneSlots> done;
   for (;;) {
-    mbarrier_wait_parity(&smem.done_full[slot], phase);
+    mbarrier_wait_parity(&smem.done_full[done.slot], done.phase);
     const TraceStamp begin = trace_now();
-    const GemmTask task = smem.done[slot];
+    const GemmTask task = smem.done[done.slot];
     const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
     if (routed && !have_schedule) {
       g = ctx.geometry(ctx.padded_rows());  // the producer acquired it before posting the task
@@ -42,11 +41,8 @@ __device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGem
         case TaskKind::kNone: break;
       }
     }
-    mbarrier_arrive(&smem.done_empty[slot]);
-    if (++slot == kDoneSlots) {
-      slot = 0;
-      phase ^= 1u;
-    }
+    mbarrier_arrive(&smem.done_empty[done.slot]);
+    done.advance();
     if (task.kind == TaskKind::kNone) return;
     trace_record(ctx.params, TraceKind::kSignal, static_cast<int32_t>(task.kind), ctx.rank, begin, trace_now());
   }
