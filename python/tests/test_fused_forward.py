@@ -62,7 +62,8 @@ def test_matches_fp32_torch(shared):
 def test_bitwise_identical_across_world_sizes_and_rings():
     x, ids, w, w13, w2, sw13, sw2 = _layer(256, 2)
     outs = []
-    for R, minibatch, slots in [(1, 1024, 4), (2, 128, 1), (4, 256, 2), (8, 128, 3)]:
+    # 0: the library's defaults (FusedForwardOptions).
+    for R, minibatch, slots in [(1, 0, 0), (1, 1024, 4), (2, 128, 1), (4, 256, 2), (8, 128, 3)]:
         xs, idss, ws, w13s, w2s = _split(R, x, ids, w, w13, w2)
         out = mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, num_experts=E, minibatch_rows=minibatch,
                                 ring_slots=slots, check_errors=True)
@@ -79,6 +80,10 @@ def test_rejects_bad_input():
         mok.fused_forward([x], [ids], [w.double()], [w13], [w2], sw13, sw2, num_experts=E)
     with pytest.raises(RuntimeError, match="w13\\[0\\] must be"):
         mok.fused_forward([x], [ids], [w], [w13[:4]], [w2], sw13, sw2, num_experts=E)
+    with pytest.raises(RuntimeError, match="minibatch_rows"):
+        mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, minibatch_rows=100)
+    with pytest.raises(RuntimeError, match="ring_slots"):
+        mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, ring_slots=-1)
     bad = ids.clone()
     bad[7, 1] = E
     with pytest.raises(RuntimeError, match="rank 0, token 7, slot 1: expert id 8"):
