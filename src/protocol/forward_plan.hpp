@@ -108,6 +108,38 @@ MOK_HD uint32_t down_done_target(const ForwardGeometry& g) {
 // L <= ring_slots because GU(m) waits for D(m - ring_slots) (h slot reuse),
 // which must come earlier in the order.
 
+// Output columns of one gate/up (+SwiGLU) task and of one down task: the
+// n-tile widths of the task list (the fused kernel's tile configurations
+// assert that they agree).
+inline constexpr int32_t kGateUpOutCols = 128;
+inline constexpr int32_t kDownOutCols = 256;
+
+// What fixes a rank's task list besides its schedule: the pass's options and
+// the layer's dimensions (shared_width 0: no shared expert).
+struct PassShape {
+  int32_t tile_m, minibatch_rows, ring_slots, lookahead;
+  int32_t hidden, intermediate, shared_width;
+};
+
+// The geometry of a rank's pass with `tokens` own tokens and `padded_rows`
+// schedule rows (0 before the schedule exists: the shared-expert tasks do not
+// need it). The one place the n-tiles are counted: the kernel's roles and the
+// host's bound on the task count both call it.
+MOK_HD ForwardGeometry forward_geometry(const PassShape& s, int32_t tokens, int32_t padded_rows) {
+  ForwardGeometry g;
+  g.padded_rows = padded_rows;
+  g.tile_m = s.tile_m;
+  g.minibatch_rows = s.minibatch_rows;
+  g.ring_slots = s.ring_slots;
+  g.lookahead = s.lookahead;
+  g.gate_up_n_tiles = (s.intermediate + kGateUpOutCols - 1) / kGateUpOutCols;
+  g.down_n_tiles = (s.hidden + kDownOutCols - 1) / kDownOutCols;
+  g.shared_m_tiles = s.shared_width > 0 ? (tokens + s.tile_m - 1) / s.tile_m : 0;
+  g.shared_gate_up_n_tiles = (s.shared_width + kGateUpOutCols - 1) / kGateUpOutCols;
+  g.shared_down_n_tiles = g.down_n_tiles;
+  return g;
+}
+
 enum class TaskKind : int32_t { kSharedGateUp, kSharedDown, kGateUp, kDown, kNone };
 
 struct Task {

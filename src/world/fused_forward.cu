@@ -344,18 +344,18 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   }
   // The GEMM tickets of a pass are decoded in 32 bits (forward_plan.hpp):
   // refuse a shape whose largest schedule could reach 2^31 tasks.
+  const protocol::PassShape shape{kTileM, o.minibatch_rows, o.ring_slots, o.lookahead, H, I, S};
   {
-    const int64_t m_tiles = (static_cast<int64_t>(row_capacity) + kTileM - 1) / kTileM;
-    const int64_t n_tiles = (I + device::kGateUpOutCols - 1) / device::kGateUpOutCols +
-                            (H + device::kDownOutCols - 1) / device::kDownOutCols;
-    int64_t most_tokens = 0;
-    for (int r = 0; r < R; ++r) most_tokens = std::max<int64_t>(most_tokens, config.tokens_per_rank[r]);
-    const int64_t shared_tasks = S > 0 ? (most_tokens + kTileM - 1) / kTileM *
-                                             ((S + device::kGateUpOutCols - 1) / device::kGateUpOutCols +
-                                              (H + device::kDownOutCols - 1) / device::kDownOutCols)
-                                       : 0;
-    if (m_tiles * n_tiles + shared_tasks > 0x7fffffff) {
-      throw Error("fused forward: a pass of this shape could have " + std::to_string(m_tiles * n_tiles + shared_tasks) +
+    int most_tokens = 0;
+    for (int r = 0; r < R; ++r) most_tokens = std::max(most_tokens, config.tokens_per_rank[r]);
+    // The shared tasks of the rank with the most tokens, plus the routed
+    // tasks of the largest schedule any rank can have (counted in 64 bits:
+    // row_capacity can exceed int32 for an absurd shape).
+    const protocol::ForwardGeometry g = protocol::forward_geometry(shape, most_tokens, 0);
+    const int64_t m_tiles = (row_capacity + kTileM - 1) / kTileM;
+    const int64_t tasks = protocol::task_count(g) + m_tiles * (g.gate_up_n_tiles + g.down_n_tiles);
+    if (tasks > 0x7fffffff) {
+      throw Error("fused forward: a pass of this shape could have " + std::to_string(tasks) +
                   " GEMM tasks; at most 2^31 - 1 are supported (fewer tokens per pass)");
     }
   }
@@ -364,12 +364,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   for (int r = 0; r < R; ++r) {
     RankLayout& L = s.layouts[r];
     const int64_t T = config.tokens_per_rank[r];
-    protocol::ForwardGeometry& g = L.geometry;
-    g = {};
-    g.tile_m = kTileM;
-    g.minibatch_rows = o.minibatch_rows;
-    g.ring_slots = o.ring_slots;
-    g.shared_m_tiles = S > 0 ? static_cast<int32_t>((T + kTileM - 1) / kTileM) : 0;
+    L.geometry = protocol::forward_geometry(shape, static_cast<int32_t>(T), 0);  // sizes the counters
     L.row_capacity = row_capacity;
     Carver c;
     L.ring_x = c.take<uint16_t>(static_cast<size_t>(ring_rows) * H);
@@ -381,8 +376,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     L.expert_offset = c.take<int32_t>(El + 1);
     L.rows = c.take<RowSource>(static_cast<size_t>(row_capacity));
     L.schedule_hist = c.take<int32_t>(static_cast<size_t>(o.comm_ctas_per_rank) * device::kScheduleWarpsPerCta * El);
-    L.counters[0] = c.take<uint32_t>(protocol::counter_words(g));
-    L.counters[1] = c.take<uint32_t>(protocol::counter_words(g));
+    L.counters[0] = c.take<uint32_t>(protocol::counter_words(L.geometry));
+    L.counters[1] = c.take<uint32_t>(protocol::counter_words(L.geometry));
     L.barrier = c.take<protocol::WorldBarrierWords>(1);
     L.maps = c.take<CUtensorMap>(device::kNumMaps);
     const bool staged = s.process_world;

@@ -229,6 +229,15 @@ TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   auto fp8 = config;
   fp8.dtype = mok::DType::kFP8E4M3;
   EXPECT_THROW(mok::FusedForward(fp8, small_ring(128, 1)), mok::Error);
+  // Tickets are decoded in 32 bits: a shape whose largest schedules could
+  // reach 2^31 GEMM tasks (8 ranks of 2^27 - 1 tokens, top-8, H 7168) is
+  // refused up front, for that reason and before any workspace is allocated.
+  try {
+    mok::FusedForward huge(mok::make_config(mok::find_shape("deepseek-v3"), 8, (1 << 27) - 1), {});
+    ADD_FAILURE() << "a pass of more than 2^31 GEMM tasks was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2^31"), std::string::npos) << e.what();
+  }
 
   const auto layer = mok::synthetic::make_layer(config, 1);
   DeviceLayer device(layer);

@@ -12,10 +12,8 @@
 
 namespace mok::device {
 
-// Output columns of one gate/up (+SwiGLU) task and of one down task; the
-// tile configurations of the fused kernel must agree (static_asserts there).
-inline constexpr int kGateUpOutCols = 128;
-inline constexpr int kDownOutCols = 256;
+using protocol::kDownOutCols;
+using protocol::kGateUpOutCols;
 // Named barriers of the fused kernel (0 is __syncthreads).
 enum NamedBarrier : int {
   kBarrierDispatch = 1,  // the copy warps of a dispatch CTA
@@ -50,19 +48,9 @@ struct RoleContext {
   // The pass's geometry for `padded_rows` schedule rows (0 before the schedule exists:
   // shared-expert tasks do not need it).
   __device__ protocol::ForwardGeometry geometry(int32_t padded_rows) const {
-    protocol::ForwardGeometry g;
-    g.padded_rows = padded_rows;
-    g.tile_m = params.tile_m;
-    g.minibatch_rows = params.minibatch_rows;
-    g.ring_slots = params.ring_slots;
-    g.lookahead = params.lookahead;
-    g.gate_up_n_tiles = (params.intermediate + kGateUpOutCols - 1) / kGateUpOutCols;
-    g.down_n_tiles = (params.hidden + kDownOutCols - 1) / kDownOutCols;
-    const int32_t tokens = view().tokens;
-    g.shared_m_tiles = params.shared_width > 0 ? (tokens + params.tile_m - 1) / params.tile_m : 0;
-    g.shared_gate_up_n_tiles = (params.shared_width + kGateUpOutCols - 1) / kGateUpOutCols;
-    g.shared_down_n_tiles = g.down_n_tiles;
-    return g;
+    const protocol::PassShape shape{params.tile_m,  params.minibatch_rows, params.ring_slots, params.lookahead,
+                                    params.hidden,  params.intermediate,   params.shared_width};
+    return protocol::forward_geometry(shape, view().tokens, padded_rows);
   }
 
   // Warps that build a rank's schedule (the same on every rank).
