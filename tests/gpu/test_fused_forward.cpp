@@ -229,11 +229,14 @@ TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   auto fp8 = config;
   fp8.dtype = mok::DType::kFP8E4M3;
   EXPECT_THROW(mok::FusedForward(fp8, small_ring(128, 1)), mok::Error);
-  // Tickets are decoded in 32 bits: a shape whose largest schedules could
-  // reach 2^31 GEMM tasks (8 ranks of 2^27 - 1 tokens, top-8, H 7168) is
-  // refused up front, for that reason and before any workspace is allocated.
+  // Tickets are decoded in 32 bits: a shape whose schedule could reach 2^31
+  // GEMM tasks is refused up front, for that reason, before any workspace is
+  // allocated. Within the layer's own limit (tokens x top_k < 2^30 rows) that
+  // takes wide tiles: H 8192 and I 32768 give 32 + 256 n-tiles per m-tile,
+  // and 1.024e9 rows make 8e6 m-tiles, 2.3e9 tasks.
+  const mok::LayerShape wide{"wide", 8192, 32768, 8, 8, 0, "test: over the task bound"};
   try {
-    mok::FusedForward huge(mok::make_config(mok::find_shape("deepseek-v3"), 8, (1 << 27) - 1), {});
+    mok::FusedForward huge(mok::make_config(wide, 1, 128'000'000), {});
     ADD_FAILURE() << "a pass of more than 2^31 GEMM tasks was accepted";
   } catch (const mok::Error& e) {
     EXPECT_NE(std::string(e.what()).find("2^31"), std::string::npos) << e.what();
