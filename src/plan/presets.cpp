@@ -17,6 +17,8 @@ const std::vector<LayerShape>& layer_shapes() {
       // One H200's share of DeepSeek-V3 at EP 8, run as a world of its own:
       // the per-GPU work the single-GPU benchmarks measure.
       {"deepseek-v3-ep8-slice", 7168, 2048, 32, 8, 1, "DeepSeek-V3, 32 local experts"},
+      {"glm-4.5-ep8-slice", 5120, 1536, 20, 8, 1, "GLM-4.5, 20 local experts"},
+      {"qwen3-235b-ep8-slice", 4096, 1536, 16, 8, 0, "Qwen3-235B-A22B, 16 local experts"},
       // Test shapes: small enough for the CPU reference.
       {"tiny", 64, 64, 4, 2, 1, "test: smallest legal dims"},
       {"small", 256, 128, 8, 2, 1, "test"},
