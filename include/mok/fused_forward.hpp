@@ -44,7 +44,8 @@ struct FusedForwardOptions {
   int lookahead = 2;          // gate/up minibatches taken ahead of a minibatch's down tasks
                               // (capped at ring_slots; docs/protocol.md)
   int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
-  int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = ctas_per_rank / 33 (at least 1; 4 of 132)
+  int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = enough to feed the GEMMs, from the layer's
+                              // bytes per FLOP (4 of 132 for DeepSeek-V3, 6 for Qwen3-235B at EP 8)
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
   std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
   int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events in all,

@@ -20,6 +20,7 @@
 #include "device/host/driver_api.hpp"
 #include "device/kernel/fused_forward_kernel.cuh"
 #include "mok/error.hpp"
+#include "plan/sm_split.hpp"
 #include "protocol/counters.hpp"
 #include "protocol/world_barrier.hpp"
 #include "world/world_handle.hpp"
@@ -289,9 +290,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   }
   const int ranks_per_gpu = s.peer_world || s.process_world ? 1 : R;
   if (o.ctas_per_rank == 0) o.ctas_per_rank = sms / ranks_per_gpu;
-  // One dispatch CTA per 33 SMs: on an H200 at R = 1, 4 CTAs beat 3 and 5
-  // (docs/perf-notes.md, f6); more only take SMs from the GEMMs.
-  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = std::max(1, o.ctas_per_rank / 33);
+  // As many dispatch CTAs as the layer's bytes per FLOP need (plan/sm_split.hpp).
+  if (o.comm_ctas_per_rank == 0) o.comm_ctas_per_rank = plan::default_dispatch_ctas(config, o.ctas_per_rank);
   require(o.ctas_per_rank * ranks_per_gpu <= sms, "ctas_per_rank", o.ctas_per_rank,
           ("times the ranks per GPU must not exceed the " + std::to_string(sms) +
            " SMs: every CTA must be resident at once").c_str());
