@@ -46,8 +46,9 @@ struct ModelOptions {
   int dispatch_workers = 2;  // per rank; 0 starves the pass (timeout test)
   int gemm_workers = 3;      // per rank
   // Tickets a GEMM worker holds beyond the one it works on. A device GEMM CTA
-  // holds up to 2 (the fetcher's, and the one the producer streams while the
-  // consumers work on a third); the model holds more, the stronger case.
+  // holds up to 2 (the task posted and streaming, and the fetcher's next one)
+  // while its consumers work on a third; the model holds more, the stronger
+  // case.
   int tickets_ahead = 3;
   int dispatch_delay_us = 20;
   int gemm_delay_us = 20;
@@ -432,6 +433,26 @@ TEST(ForwardProtocol, AStarvedWaitTimesOutWithAReport) {
   if (stalled == CounterId::kTileFilled) {
     EXPECT_EQ(model.stall().target, 1u);
   }
+}
+
+// forward_geometry sizes the kernel's task list, the host's task bound and
+// the counters: n-tiles per m-tile from the layer, rounded up.
+TEST(ForwardProtocol, GeometryCountsTheLayersTiles) {
+  // The DeepSeek-V3 slice: I 2048 / 128, H 7168 / 256, 4096 tokens, 288 m-tiles.
+  const ForwardGeometry g = forward_geometry(PassShape{128, 2048, 4, 2, 7168, 2048, 2048}, 4096, 288 * 128);
+  EXPECT_EQ(g.gate_up_n_tiles, 16);
+  EXPECT_EQ(g.down_n_tiles, 28);
+  EXPECT_EQ(g.shared_m_tiles, 32);
+  EXPECT_EQ(g.shared_gate_up_n_tiles, 16);
+  EXPECT_EQ(g.shared_down_n_tiles, 28);
+  EXPECT_EQ(g.m_tiles(), 288);
+  EXPECT_EQ(task_count(g), (32 + 288) * (16 + 28));
+  // Partial tiles round up; no shared expert means no shared tasks.
+  const ForwardGeometry h = forward_geometry(PassShape{128, 1024, 2, 1, 320, 192, 0}, 100, 0);
+  EXPECT_EQ(h.gate_up_n_tiles, 2);
+  EXPECT_EQ(h.down_n_tiles, 2);
+  EXPECT_EQ(h.shared_m_tiles, 0);
+  EXPECT_EQ(task_count(h), 0);
 }
 
 TEST(ForwardProtocol, TaskOrderCoversEveryTaskOnceInTopologicalOrder) {

@@ -36,14 +36,15 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
   bool have_schedule = false;
   SlotCursor<kFetchSlots> queued;
   for (;;) {
-    // The ticket is taken only once the producer has taken the previous task
-    // out of the slot (it streams that one now): exactly where the producer
-    // alone used to take it, so a CTA holds no more tickets than before; only
-    // the decode and the input waits move off the producer's path. Taking it
-    // any earlier (right after queueing the previous task) made the pass 21%
-    // slower: tickets held longer stretch every dependency chain.
+    // The ticket is taken only once the producer has posted the previous task
+    // to the consumers and freed the slot (it streams that task now): exactly
+    // where the producer alone used to take it, so a CTA holds no more
+    // tickets than before; only the decode and the input waits move off the
+    // producer's path. Taking it any earlier (right after queueing the
+    // previous task) made the pass 21% slower: tickets held longer stretch
+    // every dependency chain.
     mbarrier_wait_parity(&smem.fetch_empty[queued.slot], queued.phase ^ 1u);
-    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0, 0};
+    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
     const TraceStamp wait_begin = trace_now();
     // An abort raised elsewhere ends the list here (one raised later is seen
     // by this task's waits).

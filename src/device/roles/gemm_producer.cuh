@@ -21,17 +21,19 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
   for (;;) {
     mbarrier_wait_parity(&smem.fetch_full[fetched.slot], fetched.phase);
     const GemmTask task = smem.fetched[fetched.slot];
-    mbarrier_arrive(&smem.fetch_empty[fetched.slot]);
-    fetched.advance();
     // What the fetcher's flags guard was written by generic or bulk stores
     // on other SMs; it acquired them and handed the task over with a
     // release/acquire pair, and this thread's reads are TMA (async proxy).
     if (task.kind != TaskKind::kNone) fence_proxy_async_global();
-    // Post the task.
+    // Post the task. Only then is the fetch slot freed, which is when the
+    // fetcher takes the next ticket: right after a post, where the producer
+    // alone used to take it, so a CTA never holds more tickets than then.
     mbarrier_wait_parity(&smem.task_empty[posted.slot], posted.phase ^ 1u);
     smem.tasks[posted.slot] = task;
     mbarrier_arrive(&smem.task_full[posted.slot]);
     posted.advance();
+    mbarrier_arrive(&smem.fetch_empty[fetched.slot]);
+    fetched.advance();
     if (task.kind == TaskKind::kNone) return;
 
     // Stream its operands.

@@ -56,14 +56,13 @@ struct GemmTask {
   int32_t expert;  // local expert of a routed task
   int32_t row0;    // first A row: ring row (routed) or token (shared)
   int32_t real_rows;  // rows of the tile that are not padding (1..tile_m)
-  int32_t signal;  // finished tasks: 1 if its completion is to be published (0 after an abort)
 };
 
 struct FusedGemmShared {
   GemmSharedStorage<FusedPlainCfg> storage;
   GemmTask fetched[kFetchSlots];
   uint64_t fetch_full[kFetchSlots];   // the fetcher queued a task whose inputs are ready
-  uint64_t fetch_empty[kFetchSlots];  // the producer took it
+  uint64_t fetch_empty[kFetchSlots];  // the producer posted it to the consumers
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
