@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mok/error.hpp"
+#include "mok/fused_forward.hpp"  // host-only: the options and their defaults, in every build
 #include "mok/presets.hpp"
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
@@ -28,7 +29,6 @@
 #include "common/cuda_check.hpp"
 #include "mok/bf16.hpp"
 #include "mok/device_layer.hpp"
-#include "mok/fused_forward.hpp"
 #include "gpu_energy.hpp"
 #endif
 

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -58,12 +59,19 @@ inline void check_shape(const at::Tensor& t, const std::string& name, const std:
 // Other values go through as given and FusedForward validates them.
 inline FusedForwardOptions tuning_options(int64_t minibatch_rows, int64_t ring_slots, int64_t ctas_per_rank,
                                           int64_t comm_ctas_per_rank, int64_t lookahead) {
+  // Python ints are 64-bit; one that does not fit an int must not wrap into
+  // a valid-looking value.
+  auto to_int = [](int64_t value, const char* name) {
+    expect(value >= std::numeric_limits<int>::min() && value <= std::numeric_limits<int>::max(),
+           std::string(name) + " = " + num(value) + " is out of range");
+    return static_cast<int>(value);
+  };
   FusedForwardOptions o;
-  if (minibatch_rows != 0) o.minibatch_rows = static_cast<int>(minibatch_rows);
-  if (ring_slots != 0) o.ring_slots = static_cast<int>(ring_slots);
-  if (lookahead != 0) o.lookahead = static_cast<int>(lookahead);
-  o.ctas_per_rank = static_cast<int>(ctas_per_rank);
-  o.comm_ctas_per_rank = static_cast<int>(comm_ctas_per_rank);
+  if (minibatch_rows != 0) o.minibatch_rows = to_int(minibatch_rows, "minibatch_rows");
+  if (ring_slots != 0) o.ring_slots = to_int(ring_slots, "ring_slots");
+  if (lookahead != 0) o.lookahead = to_int(lookahead, "lookahead");
+  o.ctas_per_rank = to_int(ctas_per_rank, "ctas_per_rank");
+  o.comm_ctas_per_rank = to_int(comm_ctas_per_rank, "comm_ctas_per_rank");
   return o;
 }
 

@@ -84,6 +84,8 @@ def test_rejects_bad_input():
         mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, minibatch_rows=100)
     with pytest.raises(RuntimeError, match="ring_slots"):
         mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, ring_slots=-1)
+    with pytest.raises(RuntimeError, match="minibatch_rows = 4294969344 is out of range"):
+        mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, minibatch_rows=2**32 + 2048)
     bad = ids.clone()
     bad[7, 1] = E
     with pytest.raises(RuntimeError, match="rank 0, token 7, slot 1: expert id 8"):

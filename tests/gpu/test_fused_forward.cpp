@@ -230,7 +230,7 @@ TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   fp8.dtype = mok::DType::kFP8E4M3;
   EXPECT_THROW(mok::FusedForward(fp8, small_ring(128, 1)), mok::Error);
   // Tickets are decoded in 32 bits: a shape whose schedule could reach 2^31
-  // GEMM tasks is refused up front, for that reason, before any workspace is
+  // GEMM tasks is refused up front, for that reason, before the workspace is
   // allocated. Within the layer's own limit (tokens x top_k < 2^30 rows) that
   // takes wide tiles: H 8192 and I 32768 give 32 + 256 n-tiles per m-tile,
   // and 1.024e9 rows make 8e6 m-tiles, 2.3e9 tasks.

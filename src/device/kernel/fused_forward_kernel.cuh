@@ -2,8 +2,8 @@
 // GPU serves (all of them in the virtual world, one in a peer world). Block b
 // serves rank first_rank + b / ctas_per_rank; of a rank's CTAs the first
 // comm_ctas_per_rank build the schedule and pull the rows (dispatch), the
-// others run GEMM tasks (warpgroup 0: the producer thread, the signaler
-// thread, the row-resolver warp; warpgroups 1-2: the consumers); then every
+// others run GEMM tasks (warpgroup 0: the fetcher and producer threads, the
+// signaler thread, the row-resolver warp; warpgroups 1-2: the consumers); then every
 // consumer and dispatch warp of the rank joins the combine.
 // Setup and role dispatch only: the dataflow is in the roles and in
 // docs/protocol.md.
@@ -114,9 +114,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     world_finish<kScope>(params, kFusedWarps);
   } else {
     wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
-    const bool ok = gemm_consumer(ctx, gemm_smem, warpgroup - 1);
+    gemm_consumer(ctx, gemm_smem, warpgroup - 1);
     const int gemm_cta = cta - comm;
-    if (ok) combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
+    // After an abort the combine's first waits see it and return at once.
+    combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
     world_finish<kScope>(params, kFusedWarps);
   }
 }

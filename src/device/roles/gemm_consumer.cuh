@@ -8,9 +8,11 @@
 
 namespace mok::device {
 
-// Consumer warpgroup `consumer` (0 or 1). Returns false if the pass aborted.
+// Consumer warpgroup `consumer` (0 or 1). Returns at the end of the task list
+// (an aborted pass ends it early); a barrier stall never returns
+// (consumer_stall.cuh).
 template <cuda::thread_scope kScope>
-__device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGemmShared& smem, int consumer) {
+__device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGemmShared& smem, int consumer) {
   using protocol::TaskKind;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
@@ -18,7 +20,6 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
   const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
   protocol::ForwardGeometry g = shared_geometry;
   bool have_schedule = false;
-  bool ok = true;
   SlotCursor<kTaskSlots> tasks;
   SlotCursor<kDoneSlots> done;
   float acc[FusedPlainCfg::kAccRegs];
@@ -42,14 +43,14 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
         mbarrier_arrive(&smem.done_full[done.slot]);
       }
-      return ok;
+      return;
     }
     // One thread of the CTA stamps the consumers' timeline.
     const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
     if (tracer) smem.trace_task_begin = trace_now();
     const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
     if (routed && !have_schedule) {
-      // The producer acquired the schedule before posting this task.
+      // The fetcher acquired the schedule before queueing this task.
       g = ctx.geometry(ctx.padded_rows());
       have_schedule = true;
     }
@@ -93,8 +94,8 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
         break;
       }
       case TaskKind::kGateUp: {
-        // The producer waited for the h slot to be free (read by the previous
-        // generation's down tasks) before posting the task.
+        // The fetcher waited for the h slot to be free (read by the previous
+        // generation's down tasks) before queueing the task.
         const int32_t row0 = task.row0;
         store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
                                         consumer, task.n_tile * kGateUpOutCols, I, [&](int i) -> uint16_t* {
@@ -126,10 +127,7 @@ __device__ __forceinline__ bool gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     __syncwarp();
     if (lane == 0) {
       mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-      if (consumer == 0 && threadIdx.x % 128 == 0) {
-        smem.done[done.slot] = task;
-        smem.done[done.slot].signal = ok ? 1 : 0;
-      }
+      if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
       mbarrier_arrive(&smem.done_full[done.slot]);
     }
     done.advance();

@@ -23,23 +23,21 @@ __device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGem
     const GemmTask task = smem.done[done.slot];
     const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
     if (routed && !have_schedule) {
-      g = ctx.geometry(ctx.padded_rows());  // the producer acquired it before posting the task
+      g = ctx.geometry(ctx.padded_rows());  // the fetcher acquired it before queueing the task
       have_schedule = true;
     }
-    if (task.signal) {
-      switch (task.kind) {
-        case TaskKind::kSharedGateUp: protocol::signal_shared_h_ready(ctx.sync, v.counters, task.m_tile); break;
-        case TaskKind::kSharedDown: protocol::signal_shared_done(ctx.sync, v.counters); break;
-        case TaskKind::kGateUp:
-          protocol::signal_ring_consumed(ctx.sync, v.counters, g, task.minibatch);
-          protocol::signal_h_ready(ctx.sync, v.counters, g, task.m_tile);
-          break;
-        case TaskKind::kDown:
-          protocol::signal_h_consumed(ctx.sync, v.counters, g, task.minibatch);
-          protocol::signal_down_done(ctx.sync, v.counters);
-          break;
-        case TaskKind::kNone: break;
-      }
+    switch (task.kind) {
+      case TaskKind::kSharedGateUp: protocol::signal_shared_h_ready(ctx.sync, v.counters, task.m_tile); break;
+      case TaskKind::kSharedDown: protocol::signal_shared_done(ctx.sync, v.counters); break;
+      case TaskKind::kGateUp:
+        protocol::signal_ring_consumed(ctx.sync, v.counters, g, task.minibatch);
+        protocol::signal_h_ready(ctx.sync, v.counters, g, task.m_tile);
+        break;
+      case TaskKind::kDown:
+        protocol::signal_h_consumed(ctx.sync, v.counters, g, task.minibatch);
+        protocol::signal_down_done(ctx.sync, v.counters);
+        break;
+      case TaskKind::kNone: break;
     }
     mbarrier_arrive(&smem.done_empty[done.slot]);
     done.advance();
