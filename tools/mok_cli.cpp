@@ -97,6 +97,16 @@ std::vector<int> parse_list(const std::string& text) {
   return values;
 }
 
+// The fused forward's tuning option named `key` (the CLI's flag without its
+// dashes, the name --compare takes too); null for an unknown key.
+int* tuning_option(mok::FusedForwardOptions& options, const std::string& key) {
+  if (key == "minibatch-rows") return &options.minibatch_rows;
+  if (key == "ring-slots") return &options.ring_slots;
+  if (key == "comm-ctas") return &options.comm_ctas_per_rank;
+  if (key == "lookahead") return &options.lookahead;
+  return nullptr;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -125,10 +135,9 @@ Options parse(int argc, char** argv) {
     else if (arg == "--backward") o.backward = true;
     else if (arg == "--cpu") o.cpu = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
-    else if (arg == "--minibatch-rows") o.forward.minibatch_rows = std::stoi(value());
-    else if (arg == "--ring-slots") o.forward.ring_slots = std::stoi(value());
-    else if (arg == "--comm-ctas") o.forward.comm_ctas_per_rank = std::stoi(value());
-    else if (arg == "--lookahead") o.forward.lookahead = std::stoi(value());
+    else if (int* option = arg.rfind("--", 0) == 0 ? tuning_option(o.forward, arg.substr(2)) : nullptr) {
+      *option = std::stoi(value());
+    }
     else if (arg == "--trace") o.trace_file = value();
     else if (arg == "--compare") o.compare.push_back(value());
     else if (arg == "--rounds") o.rounds = std::stoi(value());
@@ -307,12 +316,9 @@ mok::FusedForwardOptions apply_set(mok::FusedForwardOptions options, const std::
     const size_t eq = item.find('=');
     if (eq == std::string::npos) throw mok::Error("--compare '" + set + "': expected key=value, got '" + item + "'");
     const std::string key = item.substr(0, eq);
-    const int value = std::stoi(item.substr(eq + 1));
-    if (key == "minibatch-rows") options.minibatch_rows = value;
-    else if (key == "ring-slots") options.ring_slots = value;
-    else if (key == "comm-ctas") options.comm_ctas_per_rank = value;
-    else if (key == "lookahead") options.lookahead = value;
-    else throw mok::Error("--compare '" + set + "': unknown key '" + key + "' (see --help)");
+    int* option = tuning_option(options, key);
+    if (option == nullptr) throw mok::Error("--compare '" + set + "': unknown key '" + key + "' (see --help)");
+    *option = std::stoi(item.substr(eq + 1));
   }
   return options;
 }
