@@ -21,7 +21,7 @@
 namespace mok {
 namespace {
 
-using device::EpilogueKind;
+using mok::EpilogueKind;
 using device::GemmTileConfig;
 
 // --- The instantiations (tile BM x BN x 64, stages, epilogue) ---------------
@@ -41,7 +41,7 @@ GroupedGemmConfig describe_config() {
   c.stages = Cfg::kStages;
   c.consumer_warpgroups = Cfg::kConsumerWarpgroups;
   c.threads = Cfg::kThreads;
-  c.smem_bytes = device::gemm_smem_bytes<Cfg>();
+  c.smem_bytes = device::grouped_gemm_smem_bytes<Cfg>();
   return c;
 }
 
@@ -148,7 +148,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   if (args.max_ctas > 0 && args.max_ctas < ctas) ctas = args.max_ctas;
   if (max_tasks < ctas) ctas = static_cast<int>(max_tasks);
 
-  const int smem = device::gemm_smem_bytes<Cfg>();
+  const int smem = device::grouped_gemm_smem_bytes<Cfg>();
   auto* kernel = device::grouped_gemm_kernel<Cfg>;
   MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, params);

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "common/host_device.hpp"
-#include "protocol/forward_plan.hpp"
+#include "protocol/pass_table.hpp"
 
 namespace mok::protocol {
 
@@ -68,48 +68,51 @@ struct StallReport {
   uint32_t observed;
 };
 
-// One rank's counters. All live in that rank's memory and start at zero.
-struct ForwardCounters {
-  uint32_t* tile_filled;     // [ring_tiles]
-  uint32_t* ring_consumed;   // [ring_slots]
-  uint32_t* h_ready;         // [ring_tiles]
-  uint32_t* h_consumed;      // [ring_slots]
-  uint32_t* shared_h_ready;  // [shared_m_tiles]
-  uint32_t* shared_done;     // [1]
-  uint32_t* down_done;       // [1]
-  uint32_t* ticket;          // [1] next GEMM task
+// Where a wait that gives up records why, and the flag that stops the pass:
+// the world's shared pair in a pass (so that one stall stops every rank), a
+// rank's own pair in the world barrier.
+struct AbortView {
+  uint32_t* abort;     // nonzero once any wait of the world gave up
+  StallReport* stall;  // the first report
+};
+
+// One rank's counters for a pass of type Pass. All live in that rank's memory
+// and start at zero: the pass's own counters (Pass::kCounters, carved in
+// table order), the GEMM ticket, the schedule builders' counters, and the
+// abort flag and stall report.
+template <class Pass>
+struct PassCounters {
+  uint32_t* counter[Pass::kNumCounters];
+  uint32_t* ticket;            // [1] next GEMM task
   uint32_t* schedule_counted;  // [1] schedule warps whose chunk is counted
   uint32_t* schedule_scanned;  // [1] local experts whose chunk offsets and total are known
   uint32_t* schedule_filled;   // [1] schedule warps whose chunk's rows are written
-  uint32_t* abort;           // [1] nonzero once any wait of the world gave up
-  StallReport* stall;        // [1]
+  uint32_t* abort;             // [1] nonzero once any wait of the world gave up
+  StallReport* stall;          // [1]
+
+  MOK_HD AbortView abort_view() const { return {abort, stall}; }
 };
 
 // Words of uint32_t the counters take; the caller zeroes them before a pass.
-MOK_HD size_t counter_words(const ForwardGeometry& g) {
-  return 2 * static_cast<size_t>(g.ring_tiles()) + 2 * static_cast<size_t>(g.ring_slots) +
-         static_cast<size_t>(g.shared_m_tiles) + 7 + sizeof(StallReport) / sizeof(uint32_t);
+template <class Pass>
+MOK_HD size_t counter_words(const PassGeometry<Pass>& g) {
+  size_t words = 5 + sizeof(StallReport) / sizeof(uint32_t);  // ticket, schedule x3, abort; the report
+  for_each_index<Pass::kNumCounters>(
+      [&](auto C) { words += static_cast<size_t>(counter_length(g, Pass::kCounters[C].span)); });
+  return words;
 }
 
 // Carves the counters out of `words` (counter_words(g) zeroed words). The
 // stall report and abort flag given here are the world's shared ones when
 // not null, so that one stall stops every rank.
-MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
-                                      uint32_t* world_abort = nullptr,
-                                      StallReport* world_stall = nullptr) {
-  ForwardCounters c;
-  c.tile_filled = words;
-  words += g.ring_tiles();
-  c.ring_consumed = words;
-  words += g.ring_slots;
-  c.h_ready = words;
-  words += g.ring_tiles();
-  c.h_consumed = words;
-  words += g.ring_slots;
-  c.shared_h_ready = words;
-  words += g.shared_m_tiles;
-  c.shared_done = words++;
-  c.down_done = words++;
+template <class Pass>
+MOK_HD PassCounters<Pass> carve_counters(const PassGeometry<Pass>& g, uint32_t* words,
+                                         uint32_t* world_abort = nullptr, StallReport* world_stall = nullptr) {
+  PassCounters<Pass> c;
+  for_each_index<Pass::kNumCounters>([&](auto C) {
+    c.counter[C] = words;
+    words += counter_length(g, Pass::kCounters[C].span);
+  });
   c.ticket = words++;
   c.schedule_counted = words++;
   c.schedule_scanned = words++;
@@ -124,7 +127,7 @@ MOK_HD ForwardCounters carve_counters(const ForwardGeometry& g, uint32_t* words,
 // the abort flag.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
-MOK_HD void record_stall(Sync& sync, const ForwardCounters& waiter_view, CounterId id, int32_t waiter, int32_t owner,
+MOK_HD void record_stall(Sync& sync, AbortView waiter_view, CounterId id, int32_t waiter, int32_t owner,
                          int32_t index, uint32_t target, uint32_t observed) {
   StallReport* report = waiter_view.stall;
   if (sync.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(id))) {
@@ -141,9 +144,8 @@ MOK_HD void record_stall(Sync& sync, const ForwardCounters& waiter_view, Counter
 // another wait timed out, or this one did (then it records the stall first).
 MOK_EXEC_CHECK_DISABLE
 template <class Sync>
-MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const uint32_t* counter,
-                          uint32_t target, CounterId id, int32_t waiter, int32_t owner,
-                          int32_t index) {
+MOK_HD bool wait_at_least(Sync& sync, AbortView waiter_view, const uint32_t* counter, uint32_t target, CounterId id,
+                          int32_t waiter, int32_t owner, int32_t index) {
   auto clock = sync.start_clock();
   for (;;) {
     const uint32_t observed = sync.load_acquire(counter);
@@ -157,104 +159,65 @@ MOK_HD bool wait_at_least(Sync& sync, const ForwardCounters& waiter_view, const 
   }
 }
 
-// ---- dispatch ---------------------------------------------------------------
-// Before filling m-tile rows of minibatch mb: its ring slot's previous
-// generation must have been read by every gate/up task.
+// ---- the pass's counters, as its table says ---------------------------------
+// The work on (minibatch, m_tile) -- a GEMM task, or a role's share -- waits
+// for `w` on `owner`'s counters (its own, or a peer's polled over NVLink; no
+// remote atomics) laid out by `owner_geometry`.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_ring_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
-  const int32_t slot = g.slot_of(mb);
-  return wait_at_least(s, c, c.ring_consumed + slot, ring_free_target(g, mb), CounterId::kRingConsumed, rank, rank, slot);
+template <class Sync, class Pass>
+MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& owner_counters,
+                         const PassGeometry<Pass>& owner_geometry, CounterWait w, int32_t minibatch, int32_t m_tile,
+                         int32_t waiter_rank, int32_t owner_rank) {
+  bool ok = true;
+  visit_kind_from<0, Pass::kNumCounters>(w.counter, [&](auto C) {
+    constexpr CounterSpec spec = Pass::kCounters[C];
+    const int32_t index = counter_index(owner_geometry, spec.span, minibatch, m_tile);
+    const uint32_t generation = span_cycles(spec.span) ? owner_geometry.generation_of(minibatch) : 0u;
+    ok = wait_at_least(s, waiter, owner_counters.counter[C] + index, wait_target(owner_geometry, w, generation),
+                       static_cast<CounterId>(spec.report_id), waiter_rank, owner_rank, index);
+  });
+  return ok;
 }
-// After the m-tile's rows are in the ring (the copies complete and visible).
+// After the work on (minibatch, m_tile) is done and its outputs visible.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
-  const int32_t mb = m_tile / g.tiles_per_minibatch();
-  s.store_release(c.tile_filled + ring_tile_index(g, m_tile), tile_filled_target(g, mb));
-}
-
-// ---- routed gate/up (+SwiGLU) -----------------------------------------------
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
-  const int32_t mb = m_tile / g.tiles_per_minibatch();
-  const int32_t index = ring_tile_index(g, m_tile);
-  return wait_at_least(s, c, c.tile_filled + index, tile_filled_target(g, mb), CounterId::kTileFilled, rank, rank, index);
-}
-// Before writing h of minibatch mb: its h slot's previous generation was read
-// by every down task.
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_h_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb, int32_t rank) {
-  const int32_t slot = g.slot_of(mb);
-  return wait_at_least(s, c, c.h_consumed + slot, h_free_target(g, mb), CounterId::kHConsumed, rank, rank, slot);
-}
-// After the task's last read of the x ring.
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_ring_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
-  s.add_release(c.ring_consumed + g.slot_of(mb), 1u);
-}
-// After the task's h columns are stored and visible.
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
-  s.add_release(c.h_ready + ring_tile_index(g, m_tile), 1u);
+template <class Sync, class Pass>
+MOK_HD void signal_counter(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t counter,
+                           int32_t minibatch, int32_t m_tile) {
+  visit_kind_from<0, Pass::kNumCounters>(counter, [&](auto C) {
+    constexpr CounterSpec spec = Pass::kCounters[C];
+    uint32_t* word = c.counter[C] + counter_index(g, spec.span, minibatch, m_tile);
+    if constexpr (spec.stores_generation) {
+      s.store_release(word, g.generation_of(minibatch) + 1u);
+    } else {
+      s.add_release(word, 1u);
+    }
+  });
 }
 
-// ---- routed down ------------------------------------------------------------
+// The waits of a task kind or role (Spec::value: KindSpec, or a pass's role
+// spec type), in table order, on the rank's own counters.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
-  const int32_t mb = m_tile / g.tiles_per_minibatch();
-  const int32_t index = ring_tile_index(g, m_tile);
-  return wait_at_least(s, c, c.h_ready + index, h_ready_target(g, mb), CounterId::kHReady, rank, rank, index);
+template <class Spec, class Sync, class Pass>
+MOK_HD bool wait_inputs(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t minibatch,
+                        int32_t m_tile, int32_t rank) {
+  bool ok = true;
+  for_each_index<kMaxWaits>([&](auto I) {
+    constexpr CounterWait w = Spec::value.waits[I];
+    if constexpr (w.counter != kNoCounter) {
+      if (ok) ok = wait_counter(s, c.abort_view(), c, g, w, minibatch, m_tile, rank, rank);
+    }
+  });
+  return ok;
 }
-// After the task's last read of the h ring.
+// Its signals, in table order.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_h_consumed(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t mb) {
-  s.add_release(c.h_consumed + g.slot_of(mb), 1u);
-}
-// After the task's y rows are stored into their home ranks' combine buffers.
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_down_done(Sync& s, const ForwardCounters& c) {
-  s.add_release(c.down_done, 1u);
-}
-
-// ---- shared expert ----------------------------------------------------------
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_shared_h_ready(Sync& s, const ForwardCounters& c, int32_t m_tile) {
-  s.add_release(c.shared_h_ready + m_tile, 1u);
-}
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_shared_h_ready(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
-  return wait_at_least(s, c, c.shared_h_ready + m_tile, shared_h_ready_target(g), CounterId::kSharedHReady, rank, rank, m_tile);
-}
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_shared_done(Sync& s, const ForwardCounters& c) {
-  s.add_release(c.shared_done, 1u);
-}
-
-// ---- combine (on the home rank) ---------------------------------------------
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_shared_done(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t rank) {
-  return wait_at_least(s, c, c.shared_done, shared_done_target(g), CounterId::kSharedDone, rank, rank, 0);
-}
-// Polls the owner's own counter (a read of peer memory; no remote atomics):
-// once it reaches the owner's total, every y row the owner made is in place.
-MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const ForwardCounters& owner_counters,
-                           const ForwardGeometry& owner_geometry, int32_t waiter_rank, int32_t owner_rank) {
-  return wait_at_least(s, waiter, owner_counters.down_done, down_done_target(owner_geometry),
-                       CounterId::kDownDone, waiter_rank, owner_rank, 0);
+template <class Spec, class Sync, class Pass>
+MOK_HD void signal_outputs(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t minibatch,
+                           int32_t m_tile) {
+  for_each_index<kMaxSignals>([&](auto I) {
+    constexpr CounterSignal signal = Spec::value.signals[I];
+    if constexpr (signal.counter != kNoCounter) signal_counter(s, c, g, signal.counter, minibatch, m_tile);
+  });
 }
 
 // ---- the schedule (built inside the pass, per rank) -------------------------
@@ -262,38 +225,38 @@ MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const Forward
 // one warp per local expert scans its chunk counts; then every warp writes its
 // chunk's rows (src/device/roles/schedule_role.cuh).
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_schedule_counted(Sync& s, const ForwardCounters& c) {
+template <class Sync, class Counters>
+MOK_HD void signal_schedule_counted(Sync& s, const Counters& c) {
   s.add_release(c.schedule_counted, 1u);
 }
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_schedule_counted(Sync& s, const ForwardCounters& c, int32_t schedule_warps, int32_t rank) {
-  return wait_at_least(s, c, c.schedule_counted, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleCounted,
+template <class Sync, class Counters>
+MOK_HD bool wait_schedule_counted(Sync& s, const Counters& c, int32_t schedule_warps, int32_t rank) {
+  return wait_at_least(s, c.abort_view(), c.schedule_counted, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleCounted,
                        rank, rank, 0);
 }
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_schedule_scanned(Sync& s, const ForwardCounters& c, uint32_t experts) {
+template <class Sync, class Counters>
+MOK_HD void signal_schedule_scanned(Sync& s, const Counters& c, uint32_t experts) {
   s.add_release(c.schedule_scanned, experts);
 }
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_schedule_scanned(Sync& s, const ForwardCounters& c, int32_t num_local, int32_t rank) {
-  return wait_at_least(s, c, c.schedule_scanned, static_cast<uint32_t>(num_local), CounterId::kScheduleScanned,
+template <class Sync, class Counters>
+MOK_HD bool wait_schedule_scanned(Sync& s, const Counters& c, int32_t num_local, int32_t rank) {
+  return wait_at_least(s, c.abort_view(), c.schedule_scanned, static_cast<uint32_t>(num_local), CounterId::kScheduleScanned,
                        rank, rank, 0);
 }
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_schedule_filled(Sync& s, const ForwardCounters& c) {
+template <class Sync, class Counters>
+MOK_HD void signal_schedule_filled(Sync& s, const Counters& c) {
   s.add_release(c.schedule_filled, 1u);
 }
 // Every reader of the schedule (dispatch, routed GEMM tasks, combines reading
 // an owner's padded size) waits for this.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_schedule_filled(Sync& s, const ForwardCounters& c, int32_t schedule_warps, int32_t rank) {
-  return wait_at_least(s, c, c.schedule_filled, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleFilled,
+template <class Sync, class Counters>
+MOK_HD bool wait_schedule_filled(Sync& s, const Counters& c, int32_t schedule_warps, int32_t rank) {
+  return wait_at_least(s, c.abort_view(), c.schedule_filled, static_cast<uint32_t>(schedule_warps), CounterId::kScheduleFilled,
                        rank, rank, 0);
 }
 
@@ -301,8 +264,8 @@ MOK_HD bool wait_schedule_filled(Sync& s, const ForwardCounters& c, int32_t sche
 // recorded like a stall (first report wins) and the pass aborts, so that no
 // (token, slot) is ever silently dropped.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void report_bad_routing(Sync& s, const ForwardCounters& c, int32_t rank, int32_t entry, int32_t expert) {
+template <class Sync, class Counters>
+MOK_HD void report_bad_routing(Sync& s, const Counters& c, int32_t rank, int32_t entry, int32_t expert) {
   StallReport* report = c.stall;
   if (s.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(CounterId::kBadRouting))) {
     report->waiter = rank;
@@ -316,8 +279,8 @@ MOK_HD void report_bad_routing(Sync& s, const ForwardCounters& c, int32_t rank, 
 
 // ---- GEMM task tickets ------------------------------------------------------
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD int64_t take_ticket(Sync& s, const ForwardCounters& c) {
+template <class Sync, class Counters>
+MOK_HD int64_t take_ticket(Sync& s, const Counters& c) {
   return static_cast<int64_t>(s.fetch_add_relaxed(c.ticket, 1u));
 }
 

@@ -47,12 +47,7 @@ MOK_HD int counter_set_of(uint32_t epoch) { return static_cast<int>(epoch % 2u);
 // pass's abort flag. A barrier wait must not give up because the *pass*
 // aborted -- the end barrier is what makes an aborted pass safe to follow --
 // only because the barrier itself timed out.
-MOK_HD ForwardCounters barrier_view(WorldBarrierWords& mine) {
-  ForwardCounters view{};
-  view.abort = &mine.broken;
-  view.stall = &mine.stall;
-  return view;
-}
+MOK_HD AbortView barrier_view(WorldBarrierWords& mine) { return AbortView{&mine.broken, &mine.stall}; }
 
 // Both barriers are one word per rank in every rank's memory, raised to the
 // pass's epoch: `published` at the start of a pass, `finished` at its end.
@@ -75,7 +70,7 @@ MOK_EXEC_CHECK_DISABLE
 template <class Sync>
 MOK_HD bool wait_world_word(Sync& s, WorldBarrierWords& mine, BarrierWord word, CounterId id, int32_t world_size,
                             int32_t me, uint32_t epoch) {
-  const ForwardCounters view = barrier_view(mine);
+  const AbortView view = barrier_view(mine);
   for (int32_t q = 0; q < world_size; ++q) {
     if (!wait_at_least(s, view, &(mine.*word)[q], epoch, id, me, q, q)) return false;
     const uint32_t seen = s.load_acquire(&(mine.*word)[q]);

@@ -21,7 +21,7 @@
 #include "device/kernel/fused_forward_kernel.cuh"
 #include "mok/error.hpp"
 #include "plan/sm_split.hpp"
-#include "protocol/counters.hpp"
+#include "protocol/pass_forward.hpp"
 #include "protocol/world_barrier.hpp"
 #include "world/world_handle.hpp"
 
@@ -351,9 +351,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     // The shared tasks of the rank with the most tokens, plus the routed
     // tasks of the largest schedule any rank can have (counted in 64 bits:
     // row_capacity can exceed int32 for an absurd shape).
-    const protocol::ForwardGeometry g = protocol::forward_geometry(shape, most_tokens, 0);
-    const int64_t m_tiles = (row_capacity + kTileM - 1) / kTileM;
-    const int64_t tasks = protocol::task_count(g) + m_tiles * (g.gate_up_n_tiles + g.down_n_tiles);
+    const int64_t tasks = protocol::max_task_count<protocol::ForwardPass>(shape, most_tokens, row_capacity);
     if (tasks > 0x7fffffff) {
       throw Error("fused forward: a pass of this shape could have " + std::to_string(tasks) +
                   " GEMM tasks; at most 2^31 - 1 are supported (fewer tokens per pass)");

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "protocol/counters.hpp"
+#include "protocol/pass_forward.hpp"
 #include "protocol/host_sync.hpp"
 #include "protocol/world_barrier.hpp"
 
@@ -72,7 +72,7 @@ class BarrierModel {
     geometry_.tile_m = 4;
     geometry_.minibatch_rows = 8;
     geometry_.ring_slots = 2;
-    geometry_.shared_m_tiles = 2;
+    geometry_.token_m_tiles = 2;
     for (RankState& r : ranks_) {
       r.sets[0].assign(counter_words(geometry_), 0u);
       r.sets[1].assign(counter_words(geometry_), 0u);
@@ -179,7 +179,7 @@ class BarrierModel {
       delay(rng);
     }
     if (static_cast<int>(e) == o_.stall_pass && r == o_.stall_rank && w == 0) {
-      wait_at_least(protocol_sync_, c, c.down_done, kTasks + 1, CounterId::kDownDone, r, r, 0);  // never comes
+      wait_at_least(protocol_sync_, c.abort_view(), c.counter[ForwardPass::kDownDone], kTasks + 1, CounterId::kDownDone, r, r, 0);  // never comes
       return;
     }
     // GEMM tasks: each pushes a piece into its home rank's combine row.
@@ -191,14 +191,14 @@ class BarrierModel {
       const int home = static_cast<int>(t % o_.world);
       ranks_[home].combine[r * kTasks + t].store(tag(e, r, static_cast<int>(t)), std::memory_order_relaxed);
       delay(rng);
-      signal_down_done(protocol_sync_, c);
+      HostSync::add_release(c.counter[ForwardPass::kDownDone], 1u);  // the down task's signal
     }
     // The combine (worker 0 of the home rank): every owner done, then its pieces.
     if (w != 0) return;
     for (int q = 0; q < o_.world; ++q) {
       const ForwardCounters owner = counters(q, e);
-      if (!wait_at_least(protocol_sync_, c, owner.down_done, kTasks, CounterId::kDownDone, r, q, 0)) return;
-      const uint32_t seen = HostSync::load_acquire(owner.down_done);
+      if (!wait_at_least(protocol_sync_, c.abort_view(), owner.counter[ForwardPass::kDownDone], kTasks, CounterId::kDownDone, r, q, 0)) return;
+      const uint32_t seen = HostSync::load_acquire(owner.counter[ForwardPass::kDownDone]);
       if (seen != kTasks) {
         fail("rank " + std::to_string(r) + " pass " + std::to_string(e) + ": rank " + std::to_string(q) +
              "'s down_done is " + std::to_string(seen) + ", more than its " + std::to_string(kTasks) +

@@ -1,41 +1,41 @@
 // Compile-time shape of one grouped-GEMM tile and the shared memory it needs.
 // Model dimensions (N, K, groups, rows) are never template parameters: only
-// the tile shape, the stage count and the epilogue kind are.
+// the tile shape (src/common/gemm_tile_shape.hpp: what the pass tables and
+// the host's tensor maps see too), the element type, the stage count and the
+// epilogue kind are.
 #pragma once
 
 #include <cstdint>
 
+#include "common/gemm_tile_shape.hpp"
+
 namespace mok::device {
 
-enum class EpilogueKind : int {
-  kPlain = 0,   // out[m, n] = sum_k A[m, k] * B[g, n, k]
-  kSwiGLU = 1,  // out[m, n] = silu(gate) * up, gate/up = rows n and N + n of w13[g]
-};
-
-template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_>
+template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_,
+          ElementType kElement_ = ElementType::kBF16>
 struct GemmTileConfig {
+  static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_};
   static constexpr int kBlockM = kBlockM_;  // A rows per tile: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;  // weight rows per tile = the wgmma N
-  static constexpr int kBlockK = 64;        // one 128-byte swizzle row of bf16
+  static constexpr int kBlockK = kShape.block_k();  // one 128-byte swizzle row of the element type
+  static constexpr int kRowBytes = 128;             // bytes of one operand row of a stage
   static constexpr int kStages = kStages_;
   static constexpr EpilogueKind kEpilogue = kEpilogue_;
+  static constexpr ElementType kElement = kElement_;
 
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // + 1 producer warpgroup
   // Output columns per tile: SwiGLU turns 2 x (kBlockN / 2) gate/up columns
   // into kBlockN / 2 outputs.
-  static constexpr int kOutCols = kEpilogue == EpilogueKind::kSwiGLU ? kBlockN / 2 : kBlockN;
+  static constexpr int kOutCols = kShape.out_cols();
   static constexpr int kAccRegs = kBlockN / 2;  // fp32 accumulators per consumer thread
 
-  static constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
-  static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
+  static constexpr uint32_t kABytes = kBlockM * kRowBytes;
+  static constexpr uint32_t kBBytes = kBlockN * kRowBytes;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // Epilogue staging: each consumer warp owns 16 rows x 64 columns of bf16.
   static constexpr int kStagingBytesPerWarp = 16 * 64 * 2;
-  // Groups whose counts the kernel copies to shared memory (more: read from
-  // global memory as the walk goes).
-  static constexpr int kSmemGroups = 512;
 
   // Register split. setmaxnreg only moves registers within what the CTA got
   // at launch: kThreads x the entry budget ptxas gives __launch_bounds__(
@@ -63,21 +63,14 @@ struct GemmTileConfig {
 template <class Cfg>
 struct alignas(1024) GemmSharedStorage {
   struct alignas(1024) Stage {
-    uint16_t a[Cfg::kBlockM * Cfg::kBlockK];  // [BM rows][64 k], 128B-swizzled by TMA
-    uint16_t b[Cfg::kBlockN * Cfg::kBlockK];  // [BN rows][64 k], 128B-swizzled by TMA
+    uint8_t a[Cfg::kABytes];  // [BM rows][kBlockK], 128B-swizzled by TMA
+    uint8_t b[Cfg::kBBytes];  // [BN rows][kBlockK], 128B-swizzled by TMA
   };
   Stage stages[Cfg::kStages];
   alignas(16) uint8_t staging[Cfg::kConsumerWarps][Cfg::kStagingBytesPerWarp];
-  int32_t group_rows[Cfg::kSmemGroups];
-  int32_t group_offset[Cfg::kSmemGroups];
   uint64_t full[Cfg::kStages];
   uint64_t empty[Cfg::kStages];
 };
 
-// Dynamic shared memory to request: the storage plus slack to align it.
-template <class Cfg>
-constexpr int gemm_smem_bytes() {
-  return static_cast<int>(sizeof(GemmSharedStorage<Cfg>)) + 1024;
-}
 
 }  // namespace mok::device

@@ -42,7 +42,7 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
     if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
       constexpr int kHalf = Cfg::kBlockN / 2;
       tma_load_4d(stage.b, maps.b, full, k0, tile.n0, 0, tile.group);                   // gate rows
-      tma_load_4d(stage.b + kHalf * Cfg::kBlockK, maps.b, full, k0, tile.n0, 1, tile.group);  // up rows
+      tma_load_4d(stage.b + kHalf * Cfg::kRowBytes, maps.b, full, k0, tile.n0, 1, tile.group);  // up rows
     } else {
       tma_load_3d(stage.b, maps.b, full, k0, tile.n0, tile.group);
     }
@@ -69,12 +69,13 @@ template <class Cfg, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                          int consumer, int k_blocks, float (&acc)[Cfg::kAccRegs],
                                          const OnStall& on_stall = {}) {
+  static_assert(Cfg::kElement == ElementType::kBF16, "this build wraps the bf16 wgmma only");
   const bool releaser = (threadIdx.x % 32) == 0;  // one arrival per consumer warp
   int prev_stage = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
     ring.consumer_wait(on_stall);
     auto& stage = smem.stages[ring.stage];
-    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kBlockK);
+    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
     const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
     wgmma::fence_operands(acc);
     wgmma::fence();

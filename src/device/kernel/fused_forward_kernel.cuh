@@ -30,7 +30,7 @@
 
 namespace mok::device {
 
-inline constexpr int kFusedThreads = FusedPlainCfg::kThreads;  // 1 producer + 2 consumer warpgroups
+inline constexpr int kFusedThreads = FusedGemmCfg::kThreads;  // 1 producer + 2 consumer warpgroups
 inline constexpr int kFusedWarps = kFusedThreads / 32;
 inline constexpr int kGemmCombineWarps = 8;  // the consumer warps
 static_assert(kFusedWarps == kScheduleWarpsPerCta, "every warp of a dispatch CTA builds the schedule");
@@ -85,19 +85,19 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   auto& gemm_smem = *reinterpret_cast<FusedGemmShared*>(smem);
   if (threadIdx.x == 0) {
-    StageRing<FusedPlainCfg::kStages>::init(gemm_smem.storage.full, gemm_smem.storage.empty,
-                                            FusedPlainCfg::kConsumerWarps);
+    StageRing<FusedGemmCfg::kStages>::init(gemm_smem.storage.full, gemm_smem.storage.empty,
+                                            FusedGemmCfg::kConsumerWarps);
     for (int s = 0; s < kFetchSlots; ++s) {
       mbarrier_init(&gemm_smem.fetch_full[s], 1);
       mbarrier_init(&gemm_smem.fetch_empty[s], 1);
     }
     for (int s = 0; s < kTaskSlots; ++s) {
       mbarrier_init(&gemm_smem.task_full[s], 1);
-      mbarrier_init(&gemm_smem.task_empty[s], FusedPlainCfg::kConsumerWarps);
+      mbarrier_init(&gemm_smem.task_empty[s], FusedGemmCfg::kConsumerWarps);
       mbarrier_init(&gemm_smem.rows_ready[s], 1);
     }
     for (int s = 0; s < kDoneSlots; ++s) {
-      mbarrier_init(&gemm_smem.done_full[s], FusedPlainCfg::kConsumerWarps);
+      mbarrier_init(&gemm_smem.done_full[s], FusedGemmCfg::kConsumerWarps);
       mbarrier_init(&gemm_smem.done_empty[s], 1);
     }
     fence_barrier_init();
@@ -106,14 +106,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    wgmma::setmaxnreg_dec<FusedPlainCfg::kProducerRegs>();
+    wgmma::setmaxnreg_dec<FusedGemmCfg::kProducerRegs>();
     if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
     if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
     if (threadIdx.x / 32 == 2) gemm_row_resolver(ctx, gemm_smem);
     if (threadIdx.x == 96) gemm_fetcher(ctx, gemm_smem);
     world_finish<kScope>(params, kFusedWarps);
   } else {
-    wgmma::setmaxnreg_inc<FusedPlainCfg::kConsumerRegs>();
+    wgmma::setmaxnreg_inc<FusedGemmCfg::kConsumerRegs>();
     gemm_consumer(ctx, gemm_smem, warpgroup - 1);
     const int gemm_cta = cta - comm;
     // After an abort the combine's first waits see it and return at once.

@@ -11,7 +11,7 @@
 #include "mok/layer_config.hpp"
 #include "mok/pass_trace.hpp"
 #include "mok/row_source.hpp"
-#include "protocol/counters.hpp"
+#include "protocol/pass_forward.hpp"
 #include "protocol/world_barrier.hpp"
 
 namespace mok::device {
@@ -28,6 +28,16 @@ enum MapIndex : int {
   kMapSharedW2 = 7,  // 3-D {S, H, 1}
   kNumMaps = 8,
 };
+// A task's operand names its map: the pass tables' tensors and these indices agree.
+static_assert(kMapRingX == static_cast<int>(protocol::Tensor::kRingX) &&
+                  kMapW13 == static_cast<int>(protocol::Tensor::kW13) &&
+                  kMapRingH == static_cast<int>(protocol::Tensor::kRingH) &&
+                  kMapW2 == static_cast<int>(protocol::Tensor::kW2) && kMapX == static_cast<int>(protocol::Tensor::kX) &&
+                  kMapSharedW13 == static_cast<int>(protocol::Tensor::kSharedW13) &&
+                  kMapSharedH == static_cast<int>(protocol::Tensor::kSharedH) &&
+                  kMapSharedW2 == static_cast<int>(protocol::Tensor::kSharedW2) &&
+                  kNumMaps == protocol::kNumMappedTensors,
+              "tensor map indices are the pass tables' operand tensors");
 
 struct RankView {
   // Inputs and output (the caller's tensors).

@@ -29,13 +29,33 @@ struct GroupedGemmParams {
   int band;    // row tiles per raster band (sched/grouped_tiles.cuh)
 };
 
+// Groups whose counts the kernel copies to shared memory (more: read from
+// global memory as the walk goes).
+inline constexpr int kSmemGroups = 512;
+
+// The grouped GEMM's shared memory: the tile pipeline plus the group table
+// (only this kernel has one; the fused kernel's tasks know their expert).
+template <class Cfg>
+struct GroupedGemmShared {
+  GemmSharedStorage<Cfg> gemm;
+  int32_t group_rows[kSmemGroups];
+  int32_t group_offset[kSmemGroups];
+};
+
+// Dynamic shared memory to request: the storage plus slack to align it.
+template <class Cfg>
+constexpr int grouped_gemm_smem_bytes() {
+  return static_cast<int>(sizeof(GroupedGemmShared<Cfg>)) + 1024;
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
   extern __shared__ uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>(
+  auto& shared = *reinterpret_cast<GroupedGemmShared<Cfg>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  GemmSharedStorage<Cfg>& smem = shared.gemm;
 
   if (threadIdx.x == 0) {
     StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
@@ -44,19 +64,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   // Group counts: a shared-memory copy keeps global-load latency out of the
   // consumers' path between tiles.
-  const bool counts_in_smem = params.num_groups <= Cfg::kSmemGroups;
+  const bool counts_in_smem = params.num_groups <= kSmemGroups;
   if (counts_in_smem) {
     for (int g = threadIdx.x; g < params.num_groups; g += Cfg::kThreads) {
-      smem.group_rows[g] = params.group_rows[g];
-      smem.group_offset[g] = params.group_offset[g];
+      shared.group_rows[g] = params.group_rows[g];
+      shared.group_offset[g] = params.group_offset[g];
     }
   }
   __syncthreads();
 
   const GemmTensorMaps maps{&a_map, &b_map};
   GroupedTileWalker<Cfg::kBlockM, Cfg::kOutCols> walker{
-      counts_in_smem ? smem.group_offset : params.group_offset,
-      counts_in_smem ? smem.group_rows : params.group_rows,
+      counts_in_smem ? shared.group_offset : params.group_offset,
+      counts_in_smem ? shared.group_rows : params.group_rows,
       params.num_groups,
       (params.n_cols + Cfg::kOutCols - 1) / Cfg::kOutCols,
       params.band,

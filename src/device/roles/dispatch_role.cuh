@@ -105,11 +105,10 @@ __device__ __forceinline__ bool dispatch(RoleContext<kScope>& ctx, DispatchShare
   uint32_t phases = 0;
   const int ctas = ctx.params.comm_ctas_per_rank;
   for (int32_t m_tile = cta; m_tile < g.m_tiles(); m_tile += ctas) {
-    const int32_t mb = m_tile / g.tiles_per_minibatch();
     const TraceStamp wait_begin = trace_now();
     TraceStamp copy_begin{0, 0};
     if (threadIdx.x == 0) {
-      ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, mb, ctx.rank);
+      ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, m_tile, ctx.rank);
       shared_flag = ok ? 1 : -1;
       copy_begin = trace_now();
       trace_record(ctx.params, TraceKind::kDispatchWait, m_tile, ctx.rank, wait_begin, copy_begin);

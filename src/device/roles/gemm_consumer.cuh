@@ -8,21 +8,47 @@
 
 namespace mok::device {
 
+// Stores a finished task's tile where its kind says: rows the rank owns (a
+// ring's rows, all of them; or its own tokens, those that exist), or rows of
+// home ranks that the row resolver looked up during the mainloop.
+template <class Spec>
+__device__ __forceinline__ void store_task_output(const RankView& v, FusedGemmShared& smem,
+                                                  const float (&acc)[FusedGemmCfg::kAccRegs], int consumer,
+                                                  const GemmTask& task, int task_slot, int32_t n_cols) {
+  using Cfg = KindConfig<Spec>;
+  auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
+  const int col0 = task.n_tile * Cfg::kOutCols;
+  const int32_t row0 = task.row0;
+  if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
+    uint16_t* const* destinations = smem.row_destination[task_slot];
+    store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* { return destinations[i]; });
+  } else if constexpr (Spec::value.rows == protocol::Rows::kTokens) {
+    uint16_t* const base = output_base<Spec::value.out>(v);
+    const int32_t tokens = v.tokens;
+    store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* {
+      return row0 + i < tokens ? base + static_cast<int64_t>(row0 + i) * n_cols : nullptr;
+    });
+  } else {
+    uint16_t* const base = output_base<Spec::value.out>(v);
+    store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* {
+      return base + static_cast<int64_t>(row0 + i) * n_cols;
+    });
+  }
+}
+
 // Consumer warpgroup `consumer` (0 or 1). Returns at the end of the task list
 // (an aborted pass ends it early); a barrier stall never returns
 // (consumer_stall.cuh).
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGemmShared& smem, int consumer) {
-  using protocol::TaskKind;
+  using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
-  StageRing<FusedPlainCfg::kStages> ring{smem.storage.full, smem.storage.empty};
-  const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
-  protocol::ForwardGeometry g = shared_geometry;
-  bool have_schedule = false;
+  const protocol::PassShape shape = ctx.shape();
+  StageRing<FusedGemmCfg::kStages> ring{smem.storage.full, smem.storage.empty};
   SlotCursor<kTaskSlots> tasks;
   SlotCursor<kDoneSlots> done;
-  float acc[FusedPlainCfg::kAccRegs];
+  float acc[FusedGemmCfg::kAccRegs];
   // Every barrier wait of the consumers ends a stall this way, never by a
   // trap.
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
@@ -34,7 +60,7 @@ __device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     const int task_slot = tasks.slot;
     const uint32_t task_phase = tasks.phase;
     tasks.advance();
-    if (task.kind == TaskKind::kNone) {
+    if (task.kind == protocol::kNoTask) {
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
       // Tell the signaler the list is over (after every earlier task).
@@ -48,82 +74,46 @@ __device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     // One thread of the CTA stamps the consumers' timeline.
     const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
     if (tracer) smem.trace_task_begin = trace_now();
-    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
-    if (routed && !have_schedule) {
-      // The fetcher acquired the schedule before queueing this task.
-      g = ctx.geometry(ctx.padded_rows());
-      have_schedule = true;
-    }
 
-    const int k = task.kind == TaskKind::kSharedGateUp || task.kind == TaskKind::kGateUp ? ctx.params.hidden
-                  : task.kind == TaskKind::kSharedDown ? ctx.params.shared_width
-                                                       : ctx.params.intermediate;
+    // What the kind says of its mainloop: K only (every kind runs the one
+    // mainloop shape, gemm_role.cuh), and whether TMA reads its output later.
+    int32_t k = 0, n_cols = 0;
+    bool output_read_by_tma = false;
+    protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+      constexpr protocol::TaskKindSpec spec = Pass::kKinds[protocol::index_of<decltype(K)>];
+      k = protocol::dim_of(shape, spec.k);
+      n_cols = protocol::dim_of(shape, spec.n);
+      output_read_by_tma = protocol::read_through_map(spec.out);
+    });
     // A warpgroup whose 64 rows are all padding (an expert's last tile, half
     // full or less) computes and stores nothing; the other one runs alone.
     const bool idle = consumer * 64 >= task.real_rows;
     if (idle) {
-      skip_tile<FusedPlainCfg>(ring, k / FusedPlainCfg::kBlockK, on_stall);
-    } else if (is_gate_up(task.kind)) {
-      mma_tile<FusedSwigluCfg>(reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
-                               reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), consumer,
-                               k / FusedPlainCfg::kBlockK, acc, on_stall);
+      skip_tile<FusedGemmCfg>(ring, k / FusedGemmCfg::kBlockK, on_stall);
     } else {
-      mma_tile<FusedPlainCfg>(smem.storage, ring, consumer, k / FusedPlainCfg::kBlockK, acc, on_stall);
+      mma_tile<FusedGemmCfg>(smem.storage, ring, consumer, k / FusedGemmCfg::kBlockK, acc, on_stall);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
-    // Every task, not only down tasks: the resolver must be done with this
-    // slot before the consumers give it back to the producer.
+    // Every task, not only those going home: the resolver must be done with
+    // this slot before the consumers give it back to the producer.
     mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
 
-    const int H = ctx.params.hidden, I = ctx.params.intermediate, S = ctx.params.shared_width;
-    switch (idle ? TaskKind::kNone : task.kind) {
-      case TaskKind::kSharedGateUp: {
-        const int32_t row0 = task.row0, tokens = v.tokens;
-        store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
-                                        consumer, task.n_tile * kGateUpOutCols, S, [&](int i) -> uint16_t* {
-                                          return row0 + i < tokens ? v.shared_h + static_cast<int64_t>(row0 + i) * S : nullptr;
-                                        });
-        break;
-      }
-      case TaskKind::kSharedDown: {
-        const int32_t row0 = task.row0, tokens = v.tokens;
-        store_tile_rows<FusedPlainCfg>(acc, smem.storage, consumer, task.n_tile * kDownOutCols, H,
-                                       [&](int i) -> uint16_t* {
-                                         return row0 + i < tokens ? v.shared_out + static_cast<int64_t>(row0 + i) * H : nullptr;
-                                       });
-        break;
-      }
-      case TaskKind::kGateUp: {
-        // The fetcher waited for the h slot to be free (read by the previous
-        // generation's down tasks) before queueing the task.
-        const int32_t row0 = task.row0;
-        store_tile_rows<FusedSwigluCfg>(acc, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
-                                        consumer, task.n_tile * kGateUpOutCols, I, [&](int i) -> uint16_t* {
-                                          return v.ring_h + static_cast<int64_t>(row0 + i) * I;
-                                        });
-        break;
-      }
-      case TaskKind::kDown: {
-        // The row resolver put each row's destination in shared memory
-        // during the mainloop.
-        uint16_t* const* destinations = smem.row_destination[task_slot];
-        store_tile_rows<FusedPlainCfg>(acc, smem.storage, consumer, task.n_tile * kDownOutCols, H,
-                                       [&](int i) -> uint16_t* { return destinations[i]; });
-        break;
-      }
-      case TaskKind::kNone: break;
+    if (!idle) {
+      protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(v, smem, acc, consumer, task, task_slot,
+                                                                       n_cols);
+      });
     }
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
     if (tracer) smem.trace_stores_end = trace_now();
     // Hand the task to the signaler. Each warp orders its generic stores
     // before later async-proxy (TMA) reads on other SMs where there are any,
-    // then arrives; the
-    // arrival (release, CTA scope) and the signaler's wait (acquire) put
-    // these stores before the signaler's release of the counters.
-    // Only h and shared_h are read by TMA; combine rows and shared_out are
-    // read with plain loads, so down tasks skip the (costly) proxy fence.
-    if (is_gate_up(task.kind)) fence_proxy_async_global();
+    // then arrives; the arrival (release, CTA scope) and the signaler's wait
+    // (acquire) put these stores before the signaler's release of the
+    // counters. Outputs read with plain loads (home rows, shared_out) skip
+    // the (costly) proxy fence.
+    if (output_read_by_tma) fence_proxy_async_global();
     __syncwarp();
     if (lane == 0) {
       mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
@@ -133,12 +123,11 @@ __device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGem
     done.advance();
     if (tracer) {
       const TraceStamp end = trace_now();
-      trace_record(ctx.params, TraceKind::kMainloop, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_task_begin, smem.trace_mainloop_end);
-      trace_record(ctx.params, TraceKind::kEpilogue, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_mainloop_end, smem.trace_stores_end);
-      trace_record(ctx.params, TraceKind::kHandoff, static_cast<int32_t>(task.kind), ctx.rank,
-                   smem.trace_stores_end, end);
+      trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
+                   smem.trace_mainloop_end);
+      trace_record(ctx.params, TraceKind::kEpilogue, task.kind, ctx.rank, smem.trace_mainloop_end,
+                   smem.trace_stores_end);
+      trace_record(ctx.params, TraceKind::kHandoff, task.kind, ctx.rank, smem.trace_stores_end, end);
     }
   }
 }

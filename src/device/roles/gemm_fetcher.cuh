@@ -28,11 +28,12 @@ __device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, i
 // exhausted or the pass aborts.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
-  using protocol::TaskKind;
+  using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
-  const protocol::ForwardGeometry shared_geometry = ctx.geometry(0);
-  const int64_t shared_tasks = protocol::task_count(shared_geometry);  // with 0 routed rows
-  protocol::ForwardGeometry g = shared_geometry;
+  const protocol::PassGeometry<Pass> token_geometry = ctx.geometry(0);
+  // The prologue's tasks (token rows) need no schedule: every later ticket does.
+  const int64_t token_tasks = protocol::task_count(token_geometry);
+  protocol::PassGeometry<Pass> g = token_geometry;
   bool have_schedule = false;
   SlotCursor<kFetchSlots> queued;
   for (;;) {
@@ -44,13 +45,13 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
     // previous task) made the pass 21% slower: tickets held longer stretch
     // every dependency chain.
     mbarrier_wait_parity(&smem.fetch_empty[queued.slot], queued.phase ^ 1u);
-    GemmTask task{TaskKind::kNone, -1, -1, -1, -1, 0, 0};
+    GemmTask task{protocol::kNoTask, -1, -1, -1, -1, 0, 0};
     const TraceStamp wait_begin = trace_now();
     // An abort raised elsewhere ends the list here (one raised later is seen
     // by this task's waits).
     bool ok = ctx.sync.load_relaxed(v.counters.abort) == 0;
     const int64_t ticket = ok ? protocol::take_ticket(ctx.sync, v.counters) : -1;
-    if (ok && ticket >= shared_tasks && !have_schedule) {
+    if (ok && ticket >= token_tasks && !have_schedule) {
       ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
       if (ok) {
         g = ctx.geometry(ctx.padded_rows());
@@ -65,37 +66,22 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
       task.minibatch = t.minibatch;
       task.m_tile = t.m_tile;
       task.n_tile = t.n_tile;
-      switch (t.kind) {
-        case TaskKind::kSharedGateUp: task.row0 = t.m_tile * g.tile_m; break;
-        case TaskKind::kSharedDown:
+      protocol::visit_kind<Pass>(t.kind, [&](auto K) {
+        using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+        if constexpr (Spec::value.rows == protocol::Rows::kSchedule) {
+          task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
+          task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
+          const int32_t real_end = smem.expert_offset[task.expert] + smem.expert_rows[task.expert];
+          task.real_rows = min(g.tile_m, real_end - t.m_tile * g.tile_m);
+        } else {
           task.row0 = t.m_tile * g.tile_m;
-          ok = protocol::wait_shared_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
-          break;
-        case TaskKind::kGateUp:
-          task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
-          task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
-          // Its x rows are in the ring, and its h slot was read by the
-          // previous generation's down tasks (smaller tickets).
-          ok = protocol::wait_tile_filled(ctx.sync, v.counters, g, t.m_tile, ctx.rank) &&
-               protocol::wait_h_free(ctx.sync, v.counters, g, t.minibatch, ctx.rank);
-          break;
-        case TaskKind::kDown:
-          task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
-          task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
-          ok = protocol::wait_h_ready(ctx.sync, v.counters, g, t.m_tile, ctx.rank);
-          break;
-        case TaskKind::kNone: break;
-      }
-      if (t.kind == TaskKind::kSharedGateUp || t.kind == TaskKind::kSharedDown) {
-        task.real_rows = min(g.tile_m, v.tokens - task.row0);
-      } else if (t.kind != TaskKind::kNone) {
-        const int32_t real_end = smem.expert_offset[task.expert] + smem.expert_rows[task.expert];
-        task.real_rows = min(g.tile_m, real_end - t.m_tile * g.tile_m);
-      }
-      if (!ok) task.kind = TaskKind::kNone;
-      if (task.kind != TaskKind::kNone) {
-        trace_record(ctx.params, TraceKind::kTaskWait, static_cast<int32_t>(task.kind), ctx.rank, wait_begin,
-                     trace_now());
+          task.real_rows = min(g.tile_m, v.tokens - task.row0);
+        }
+        ok = protocol::wait_inputs<Spec>(ctx.sync, v.counters, g, t.minibatch, t.m_tile, ctx.rank);
+      });
+      if (!ok) task.kind = protocol::kNoTask;
+      if (task.kind != protocol::kNoTask) {
+        trace_record(ctx.params, TraceKind::kTaskWait, task.kind, ctx.rank, wait_begin, trace_now());
       }
     }
     // Queue it (release, CTA scope: the producer's wait acquires what this
@@ -103,7 +89,7 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
     smem.fetched[queued.slot] = task;
     mbarrier_arrive(&smem.fetch_full[queued.slot]);
     queued.advance();
-    if (task.kind == TaskKind::kNone) return;
+    if (task.kind == protocol::kNoTask) return;
   }
 }
 

@@ -12,10 +12,11 @@ namespace mok::device {
 // posting the fetcher's kNone.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
-  using protocol::TaskKind;
+  using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
   const CUtensorMap* maps = v.maps;
-  StageRing<FusedPlainCfg::kStages> ring{smem.storage.full, smem.storage.empty};
+  const protocol::PassShape shape = ctx.shape();
+  StageRing<FusedGemmCfg::kStages> ring{smem.storage.full, smem.storage.empty};
   SlotCursor<kFetchSlots> fetched;
   SlotCursor<kTaskSlots> posted;
   for (;;) {
@@ -24,7 +25,7 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
     // What the fetcher's flags guard was written by generic or bulk stores
     // on other SMs; it acquired them and handed the task over with a
     // release/acquire pair, and this thread's reads are TMA (async proxy).
-    if (task.kind != TaskKind::kNone) fence_proxy_async_global();
+    if (task.kind != protocol::kNoTask) fence_proxy_async_global();
     // Post the task. Only then is the fetch slot freed, which is when the
     // fetcher takes the next ticket: right after a post, where the producer
     // alone used to take it, so a CTA never holds more tickets than then.
@@ -34,31 +35,21 @@ __device__ __forceinline__ void gemm_producer(RoleContext<kScope>& ctx, FusedGem
     posted.advance();
     mbarrier_arrive(&smem.fetch_empty[fetched.slot]);
     fetched.advance();
-    if (task.kind == TaskKind::kNone) return;
+    if (task.kind == protocol::kNoTask) return;
 
-    // Stream its operands.
-    const bool gate_up = is_gate_up(task.kind);
-    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
-    GemmTile tile;
-    tile.group = routed ? task.expert : 0;
-    tile.row0 = task.row0;
-    tile.row_end = task.row0 + ctx.params.tile_m;
-    tile.n0 = task.n_tile * (gate_up ? kGateUpOutCols : kDownOutCols);
-    int a_map, b_map, k;
-    switch (task.kind) {
-      case TaskKind::kSharedGateUp: a_map = kMapX; b_map = kMapSharedW13; k = ctx.params.hidden; break;
-      case TaskKind::kSharedDown: a_map = kMapSharedH; b_map = kMapSharedW2; k = ctx.params.shared_width; break;
-      case TaskKind::kGateUp: a_map = kMapRingX; b_map = kMapW13; k = ctx.params.hidden; break;
-      default: a_map = kMapRingH; b_map = kMapW2; k = ctx.params.intermediate; break;
-    }
-    const GemmTensorMaps task_maps{&maps[a_map], &maps[b_map]};
-    if (gate_up) {
-      load_tile<FusedSwigluCfg>(task_maps, reinterpret_cast<GemmSharedStorage<FusedSwigluCfg>&>(smem.storage),
-                                reinterpret_cast<StageRing<FusedSwigluCfg::kStages>&>(ring), tile,
-                                k / FusedPlainCfg::kBlockK);
-    } else {
-      load_tile<FusedPlainCfg>(task_maps, smem.storage, ring, tile, k / FusedPlainCfg::kBlockK);
-    }
+    // Stream its operands: the kind's A and B, over its K.
+    protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+      using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+      using Cfg = KindConfig<Spec>;
+      GemmTile tile;
+      tile.group = Spec::value.rows == protocol::Rows::kSchedule ? task.expert : 0;
+      tile.row0 = task.row0;
+      tile.row_end = task.row0 + ctx.params.tile_m;
+      tile.n0 = task.n_tile * Cfg::kOutCols;
+      const GemmTensorMaps task_maps{&maps[static_cast<int>(Spec::value.a)], &maps[static_cast<int>(Spec::value.b)]};
+      load_tile<Cfg>(task_maps, reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, tile,
+                     protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK);
+    });
   }
 }
 

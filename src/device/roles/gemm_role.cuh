@@ -1,25 +1,18 @@
-// The GEMM CTAs of the fused forward: a producer warpgroup (a fetcher thread
+// The GEMM CTAs of the fused kernel: a producer warpgroup (a fetcher thread
 // takes the next ticket and waits for its task's inputs while the producer
 // thread streams the current task's operands by TMA, then hands it over; the
 // signaler thread publishes each finished task's completion; the
-// row-resolver warp finds where a down task's rows go) and two consumer
-// warpgroups (wgmma over the whole K, then the task's epilogue; they hand the
-// task to the signaler and start the next one at once, so the release fences
-// and counter atomics of a task overlap the next task's mainloop). The tasks
-// and their order are src/protocol/forward_plan.hpp's; every wait and signal
-// is a named operation of src/protocol/counters.hpp. This file holds what the
-// roles share (tile configs, the task record, the CTA's shared memory and its
-// queues); each role has its own file: gemm_fetcher.cuh, gemm_producer.cuh,
-// gemm_consumer.cuh, gemm_row_resolver.cuh, gemm_signaler.cuh.
-//
-//   task            A (TMA)        B (TMA)        epilogue -> signals
-//   shared gate/up  x              shared w13     silu(g)*u -> shared_h        -> shared_h_ready
-//   shared down     shared_h       shared w2      bf16      -> shared_out      -> shared_done
-//   gate/up         x ring         w13[expert]    silu(g)*u -> h ring          -> ring_consumed, h_ready
-//   down            h ring         w2[expert]     bf16      -> home combine row-> h_consumed, down_done
-//
-// Before queueing a task the fetcher waits for its inputs: nothing (shared
-// gate/up), shared_h_ready, tile_filled and the h slot free, or h_ready.
+// row-resolver warp finds where a task's rows go when they go to home
+// ranks) and two consumer warpgroups (wgmma over the whole K, then the task's
+// epilogue; they hand the task to the signaler and start the next one at
+// once, so the release fences and counter atomics of a task overlap the next
+// task's mainloop). What each task kind reads, writes, waits for and signals,
+// and the ticket order, are the pass table's (src/protocol/pass_forward.hpp
+// for the forward); the roles walk the table and hold no knowledge of any
+// kind. This file holds what the roles share (tile configs, the task record,
+// the CTA's shared memory and its queues); each role has its own file:
+// gemm_fetcher.cuh, gemm_producer.cuh, gemm_consumer.cuh,
+// gemm_row_resolver.cuh, gemm_signaler.cuh.
 #pragma once
 
 #include <cstdint>
@@ -38,36 +31,56 @@
 
 namespace mok::device {
 
-// Both task shapes share one shared-memory layout: 128 x 256 x 64 tiles.
-using FusedPlainCfg = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain>;
-using FusedSwigluCfg = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
-static_assert(sizeof(GemmSharedStorage<FusedPlainCfg>) == sizeof(GemmSharedStorage<FusedSwigluCfg>));
-static_assert(FusedSwigluCfg::kOutCols == kGateUpOutCols && FusedPlainCfg::kOutCols == kDownOutCols);
+inline constexpr int kFusedStages = 4;
+
+// The device tile configuration of a task kind (Spec = protocol::KindSpec):
+// its shape is the table's, so the n-tile width the protocol counts and the
+// one the epilogue stores are one number.
+template <class Spec>
+using KindConfig = GemmTileConfig<Spec::value.tile.block_m, Spec::value.tile.block_n, kFusedStages,
+                                  Spec::value.tile.epilogue, Spec::value.tile.element>;
+
+// Every kind of a fused pass runs one mainloop shape: one shared-memory
+// stage layout, one accumulator array and one wgmma instruction shape (a
+// row's bits must not depend on its task's kind's code path). The epilogue
+// is the kind's own.
+using FusedGemmCfg = KindConfig<protocol::KindSpec<protocol::ForwardPass, 0>>;
+template <class Pass>
+constexpr bool kinds_share_mainloop() {
+  bool same = true;
+  protocol::for_each_index<Pass::kNumKinds>([&](auto K) {
+    constexpr GemmTileShape t = Pass::kKinds[K].tile;
+    same = same && t.block_m == FusedGemmCfg::kBlockM && t.block_n == FusedGemmCfg::kBlockN &&
+           t.element == FusedGemmCfg::kElement;
+  });
+  return same;
+}
+static_assert(kinds_share_mainloop<protocol::ForwardPass>(), "the fused kernel runs one mainloop shape");
 
 inline constexpr int kFetchSlots = 1;  // tasks fetched ahead of the producer (gemm_fetcher.cuh)
 inline constexpr int kTaskSlots = 2;
 inline constexpr int kDoneSlots = 2;  // finished tasks queued for the signaler
 
 struct GemmTask {
-  protocol::TaskKind kind;
-  int32_t minibatch;
+  int32_t kind;       // the pass's task kind, or protocol::kNoTask (end of the list)
+  int32_t minibatch;  // schedule-row tasks
   int32_t m_tile;
   int32_t n_tile;
-  int32_t expert;  // local expert of a routed task
-  int32_t row0;    // first A row: ring row (routed) or token (shared)
+  int32_t expert;     // local expert of a schedule-row task
+  int32_t row0;       // first A row: ring row (schedule rows) or token
   int32_t real_rows;  // rows of the tile that are not padding (1..tile_m)
 };
 
 struct FusedGemmShared {
-  GemmSharedStorage<FusedPlainCfg> storage;
+  GemmSharedStorage<FusedGemmCfg> storage;
   GemmTask fetched[kFetchSlots];
   uint64_t fetch_full[kFetchSlots];   // the fetcher queued a task whose inputs are ready
   uint64_t fetch_empty[kFetchSlots];  // the producer posted it to the consumers
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
   uint64_t task_empty[kTaskSlots];
-  // Down tasks: where each of the tile's rows goes (null: padding), by task slot.
-  uint16_t* row_destination[kTaskSlots][FusedPlainCfg::kBlockM];
+  // Tasks whose rows go to home ranks: where each row goes (null: padding), by task slot.
+  uint16_t* row_destination[kTaskSlots][FusedGemmCfg::kBlockM];
   uint64_t rows_ready[kTaskSlots];
   GemmTask done[kDoneSlots];
   uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
@@ -79,8 +92,24 @@ struct FusedGemmShared {
   TraceStamp trace_task_begin, trace_mainloop_end, trace_stores_end;
 };
 
-__device__ __forceinline__ bool is_gate_up(protocol::TaskKind kind) {
-  return kind == protocol::TaskKind::kGateUp || kind == protocol::TaskKind::kSharedGateUp;
+// The base of a task's output tensor in its rank's view, and its rows.
+template <protocol::Tensor kOut>
+__device__ __forceinline__ uint16_t* output_base(const RankView& v) {
+  static_assert(kOut == protocol::Tensor::kRingH || kOut == protocol::Tensor::kSharedH ||
+                    kOut == protocol::Tensor::kSharedOut,
+                "a tensor the rank owns (home rows are resolved per row)");
+  if constexpr (kOut == protocol::Tensor::kRingH) return v.ring_h;
+  if constexpr (kOut == protocol::Tensor::kSharedH) return v.shared_h;
+  if constexpr (kOut == protocol::Tensor::kSharedOut) return v.shared_out;
+  return nullptr;
+}
+
+// Whether a kind's output rows go to home ranks (the row resolver finds where).
+template <class Pass>
+__device__ __forceinline__ bool goes_home(int32_t kind) {
+  bool home = false;
+  protocol::visit_kind<Pass>(kind, [&](auto K) { home = Pass::kKinds[K].out == protocol::Tensor::kHomeCombine; });
+  return home;
 }
 
 }  // namespace mok::device

@@ -7,14 +7,15 @@
 
 namespace mok::device {
 
-// The row resolver (one warp of the producer warpgroup): for each down task
-// the producer posts, looks up where each of its 128 rows goes -- the home
-// rank's combine row of that (token, slot) -- while the consumers run the
-// mainloop, so their epilogue does not wait on those loads. Every task gets
-// a rows_ready arrival, so the consumers' phases stay in step.
+// The row resolver (one warp of the producer warpgroup): for each task the
+// producer posts whose rows go to home ranks (the forward's down tasks),
+// looks up where each of its rows goes -- the home rank's row of that
+// (token, slot) -- while the consumers run the mainloop, so their epilogue
+// does not wait on those loads. Every task gets a rows_ready arrival, so the
+// consumers' phases stay in step.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
-  using protocol::TaskKind;
+  using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const int H = ctx.params.hidden, top_k = ctx.params.top_k;
@@ -23,10 +24,10 @@ __device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, Fuse
     const int slot = at.slot;
     mbarrier_wait_parity(&smem.task_full[slot], at.phase);
     const GemmTask task = smem.tasks[slot];
-    if (task.kind == TaskKind::kNone) return;
-    if (task.kind == TaskKind::kDown) {
+    if (task.kind == protocol::kNoTask) return;
+    if (goes_home<Pass>(task.kind)) {
       const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
-      for (int i = lane; i < FusedPlainCfg::kBlockM; i += 32) {
+      for (int i = lane; i < FusedGemmCfg::kBlockM; i += 32) {
         const RowSource src = load_row_source(&rows[i]);
         smem.row_destination[slot][i] =
             is_padding(src) ? nullptr

@@ -12,37 +12,24 @@ namespace mok::device {
 // the consumers post the end of the task list.
 template <cuda::thread_scope kScope>
 __device__ __forceinline__ void gemm_signaler(RoleContext<kScope>& ctx, FusedGemmShared& smem) {
-  using protocol::TaskKind;
+  using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
-  protocol::ForwardGeometry g = ctx.geometry(0);
-  bool have_schedule = false;
+  // Counter indices depend on the ring's shape only, never on the schedule's
+  // length: the geometry without schedule rows serves every task.
+  const protocol::PassGeometry<Pass> g = ctx.geometry(0);
   SlotCursor<kDoneSlots> done;
   for (;;) {
     mbarrier_wait_parity(&smem.done_full[done.slot], done.phase);
     const TraceStamp begin = trace_now();
     const GemmTask task = smem.done[done.slot];
-    const bool routed = task.kind == TaskKind::kGateUp || task.kind == TaskKind::kDown;
-    if (routed && !have_schedule) {
-      g = ctx.geometry(ctx.padded_rows());  // the fetcher acquired it before queueing the task
-      have_schedule = true;
-    }
-    switch (task.kind) {
-      case TaskKind::kSharedGateUp: protocol::signal_shared_h_ready(ctx.sync, v.counters, task.m_tile); break;
-      case TaskKind::kSharedDown: protocol::signal_shared_done(ctx.sync, v.counters); break;
-      case TaskKind::kGateUp:
-        protocol::signal_ring_consumed(ctx.sync, v.counters, g, task.minibatch);
-        protocol::signal_h_ready(ctx.sync, v.counters, g, task.m_tile);
-        break;
-      case TaskKind::kDown:
-        protocol::signal_h_consumed(ctx.sync, v.counters, g, task.minibatch);
-        protocol::signal_down_done(ctx.sync, v.counters);
-        break;
-      case TaskKind::kNone: break;
-    }
+    protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+      protocol::signal_outputs<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(ctx.sync, v.counters, g,
+                                                                              task.minibatch, task.m_tile);
+    });
     mbarrier_arrive(&smem.done_empty[done.slot]);
     done.advance();
-    if (task.kind == TaskKind::kNone) return;
-    trace_record(ctx.params, TraceKind::kSignal, static_cast<int32_t>(task.kind), ctx.rank, begin, trace_now());
+    if (task.kind == protocol::kNoTask) return;
+    trace_record(ctx.params, TraceKind::kSignal, task.kind, ctx.rank, begin, trace_now());
   }
 }
 

@@ -6,14 +6,11 @@
 #include <cstdint>
 
 #include "device/kernel/fused_forward_params.hpp"
-#include "protocol/counters.hpp"
+#include "protocol/pass_forward.hpp"
 #include "protocol/device_sync.cuh"
-#include "protocol/forward_plan.hpp"
 
 namespace mok::device {
 
-using protocol::kDownOutCols;
-using protocol::kGateUpOutCols;
 // Named barriers of the fused kernel (0 is __syncthreads).
 enum NamedBarrier : int {
   kBarrierDispatch = 1,  // the copy warps of a dispatch CTA
@@ -38,6 +35,9 @@ __device__ __forceinline__ RowSource load_row_source(const RowSource* row) {
 
 template <cuda::thread_scope kScope>
 struct RoleContext {
+  // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
+  using Pass = protocol::ForwardPass;
+
   const FusedForwardParams& params;
   int32_t rank;
   protocol::DeviceSync<kScope> sync;
@@ -45,12 +45,14 @@ struct RoleContext {
   __device__ const RankView& view() const { return params.ranks[rank]; }
   __device__ const protocol::ForwardCounters& counters() const { return view().counters; }
 
-  // The pass's geometry for `padded_rows` schedule rows (0 before the schedule exists:
-  // shared-expert tasks do not need it).
-  __device__ protocol::ForwardGeometry geometry(int32_t padded_rows) const {
-    const protocol::PassShape shape{params.tile_m,  params.minibatch_rows, params.ring_slots, params.lookahead,
-                                    params.hidden,  params.intermediate,   params.shared_width};
-    return protocol::forward_geometry(shape, view().tokens, padded_rows);
+  __device__ protocol::PassShape shape() const {
+    return protocol::PassShape{params.tile_m,  params.minibatch_rows, params.ring_slots, params.lookahead,
+                               params.hidden,  params.intermediate,   params.shared_width};
+  }
+  // The pass's geometry for `padded_rows` schedule rows (0 before the schedule
+  // exists: token-row tasks and every counter index do not need it).
+  __device__ protocol::PassGeometry<Pass> geometry(int32_t padded_rows) const {
+    return protocol::pass_geometry<Pass>(shape(), view().tokens, padded_rows);
   }
 
   // Warps that build a rank's schedule (the same on every rank).

@@ -10,15 +10,15 @@
 
 #include "device/kernel/fused_forward_params.hpp"
 #include "mok/pass_trace.hpp"
-#include "protocol/forward_plan.hpp"
+#include "protocol/pass_forward.hpp"
 
 namespace mok::device {
 
-static_assert(static_cast<int>(TraceTask::kSharedGateUp) == static_cast<int>(protocol::TaskKind::kSharedGateUp) &&
-                  static_cast<int>(TraceTask::kSharedDown) == static_cast<int>(protocol::TaskKind::kSharedDown) &&
-                  static_cast<int>(TraceTask::kGateUp) == static_cast<int>(protocol::TaskKind::kGateUp) &&
-                  static_cast<int>(TraceTask::kDown) == static_cast<int>(protocol::TaskKind::kDown),
-              "trace task ids are the protocol's task kinds");
+static_assert(static_cast<int>(TraceTask::kSharedGateUp) == static_cast<int>(protocol::ForwardPass::kSharedGateUp) &&
+                  static_cast<int>(TraceTask::kSharedDown) == static_cast<int>(protocol::ForwardPass::kSharedDown) &&
+                  static_cast<int>(TraceTask::kGateUp) == static_cast<int>(protocol::ForwardPass::kGateUp) &&
+                  static_cast<int>(TraceTask::kDown) == static_cast<int>(protocol::ForwardPass::kDown),
+              "trace task ids are the forward pass's task kinds");
 
 // A point in time: the GPU's nanosecond timer and this SM's cycle counter.
 // Both stamps of an event are taken on the same SM (cycle counters of

@@ -1,0 +1,34 @@
+// The shape of one GEMM tile, as the pass tables (src/protocol), the host's
+// tensor maps and the device tile configurations all see it: the n-tile
+// width of a task comes from here, never from a second constant. Plain C++.
+#pragma once
+
+#include <cstdint>
+
+namespace mok {
+
+// What the consumers do with the fp32 accumulators of a tile.
+enum class EpilogueKind : int32_t {
+  kPlain = 0,   // out[m, n] = sum_k A[m, k] * B[n, k], rounded to bf16
+  kSwiGLU = 1,  // out[m, n] = silu(gate) * up: B holds gate rows then up rows (w13), half the columns out
+};
+
+// Operand element type. Each type has its own wgmma instruction and K step;
+// bf16 is the one this build has (block-scaled e4m3 joins with the FP8 pass).
+enum class ElementType : int32_t { kBF16 = 0 };
+
+constexpr int32_t element_bytes(ElementType t) { return t == ElementType::kBF16 ? 2 : 0; }
+
+struct GemmTileShape {
+  int32_t block_m;  // A rows per tile: 64 per consumer warpgroup
+  int32_t block_n;  // B rows per tile = the wgmma N
+  EpilogueKind epilogue;
+  ElementType element = ElementType::kBF16;
+
+  // K per pipeline stage: one 128-byte swizzle row of the element type.
+  constexpr int32_t block_k() const { return 128 / element_bytes(element); }
+  // Output columns of one tile (the task's n-tile width).
+  constexpr int32_t out_cols() const { return epilogue == EpilogueKind::kSwiGLU ? block_n / 2 : block_n; }
+};
+
+}  // namespace mok

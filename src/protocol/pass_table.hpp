@@ -1,0 +1,446 @@
+// A pass of the megakernel as a table: the vocabulary every pass table uses
+// (src/protocol/pass_forward.hpp is one), and the rules that turn a table into
+// the pass's geometry, its GEMM ticket order and its counter targets. The
+// GEMM roles, the counters' layout and the CPU model of the protocol
+// (tests/cpu/test_pass_protocol.cpp) all walk a table through these
+// functions; a new pass is a new table plus its epilogues.
+//
+// A Pass is a struct with
+//   kNumKinds, kKinds[kNumKinds]       its GEMM task kinds (TaskKindSpec);
+//   kNumCounters, kCounters[...]       the counters its roles wait on (CounterSpec);
+//   kPrologue[], kPipeline[]           its ticket order (below);
+//   kDispatch, kCombine                the waits and signals of its non-GEMM roles (RoleSpec).
+//
+// Vocabulary (per receiver rank, over its padded schedule of P rows):
+//   m-tile     tile_m consecutive schedule rows (or own tokens); never straddles
+//              two experts because the schedule pads every expert to tile_m.
+//   minibatch  minibatch_rows consecutive schedule rows (a multiple of tile_m):
+//              the unit in which the rings are recycled.
+//   slot       minibatch mb lives in ring slot mb % ring_slots; its generation
+//              is mb / ring_slots. Counters are monotone across generations,
+//              so no counter is ever reset inside a pass.
+//
+// Every wait is "counter >= target". A counter moves in one of two ways: each
+// signal adds 1, or (a counter written by one worker per index) the signal
+// stores generation + 1. Either way, one index gains signals_per_generation()
+// per generation, and a wait for generation gen's data ("ready") targets
+// (gen + 1) x that, a wait for the previous generation's readers ("free") gen
+// x that. Only full minibatches precede a slot's reuse (the short one is the
+// last), so those products are exact; the CPU model checks it for any table.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "common/gemm_tile_shape.hpp"
+#include "common/host_device.hpp"
+
+namespace mok::protocol {
+
+// Every tensor a task reads or writes. The first kNumMappedTensors are read by
+// TMA through a tensor map (the map's index is the value); the rest are only
+// written by a task and read with plain loads.
+enum class Tensor : int32_t {
+  kRingX = 0,      // bf16 [ring rows, H]: pulled x rows
+  kW13 = 1,        // bf16 [El, 2I, H]: gate rows, then up rows
+  kRingH = 2,      // bf16 [ring rows, I]: SwiGLU activations of the ring's rows
+  kW2 = 3,         // bf16 [El, H, I]
+  kX = 4,          // bf16 [T, H]: the rank's own tokens
+  kSharedW13 = 5,  // bf16 [2S, H]
+  kSharedH = 6,    // bf16 [T, S]
+  kSharedW2 = 7,   // bf16 [H, S]
+  kSharedOut = 8,  // bf16 [T, H]: the shared expert's output, read by the combine
+  kHomeCombine = 9,  // bf16 [T * k, H] on the token's home rank: one row per (token, slot)
+};
+inline constexpr int32_t kNumMappedTensors = 8;
+MOK_HD constexpr bool read_through_map(Tensor t) { return static_cast<int32_t>(t) < kNumMappedTensors; }
+
+// A layer dimension, resolved against PassShape at run time.
+enum class Dim : int32_t { kHidden, kIntermediate, kSharedWidth };
+
+// Whose rows a task's m-tile holds.
+enum class Rows : int32_t {
+  kSchedule,  // schedule rows, staged in the ring slot of their minibatch
+  kTokens,    // the rank's own tokens, in token order
+};
+
+// What one index of a counter array stands for.
+enum class Span : int32_t {
+  kRingTile,   // one m-tile position of the ring (slot x tiles per minibatch)
+  kRingSlot,   // one ring slot
+  kTokenTile,  // one m-tile of the rank's own tokens
+  kWhole,      // the whole pass (one word)
+};
+
+// Which generation of a counter's index a wait needs.
+enum class Await : int32_t {
+  kReady,  // this generation's signals are all in (the data is there)
+  kFree,   // the previous generation's signals are all in (its readers are done)
+};
+
+inline constexpr int32_t kMaxWaits = 2;
+inline constexpr int32_t kMaxSignals = 2;
+inline constexpr int32_t kNoCounter = -1;
+
+// (Structs with defaults, not plain ints: entries a table leaves out of a
+// braced list then mean "none", where an int would mean counter 0.)
+struct CounterWait {
+  int32_t counter = kNoCounter;  // index into the pass's kCounters
+  Await await = Await::kReady;
+};
+struct CounterSignal {
+  int32_t counter = kNoCounter;
+};
+
+struct CounterSpec {
+  uint32_t report_id;  // CounterId named in stall reports (counters.hpp)
+  Span span;
+  bool stores_generation;  // signalled by a store of generation + 1 (one writer per index), not by adds
+};
+
+// One GEMM task kind: out[rows of one m-tile, n-tile columns] = epilogue(A . B^T).
+struct TaskKindSpec {
+  GemmTileShape tile;  // its tile; the n-tile width is tile.out_cols()
+  Tensor a;            // [rows, K], K-major
+  Tensor b;            // [columns, K] per expert (routed) or one matrix, K-major
+  Dim k;               // reduction length
+  Dim n;               // output width (columns of `out`)
+  Rows rows;
+  Tensor out;          // where each output row goes
+  CounterWait waits[kMaxWaits];        // inputs, in the order they are awaited
+  CounterSignal signals[kMaxSignals];  // raised once the task's outputs are visible
+};
+
+// The waits and signals of a role that is not a GEMM task (dispatch of one
+// m-tile, the combine of a rank).
+struct RoleSpec {
+  CounterWait waits[kMaxWaits];
+  CounterSignal signals[kMaxSignals];
+};
+
+// A spec as a type (Spec::value), so that code generic over kinds and roles
+// reads it as a constant expression: device code may not take the address
+// of a host constexpr table.
+template <class Pass, int32_t kKind>
+struct KindSpec {
+  static constexpr TaskKindSpec value = Pass::kKinds[kKind];
+};
+
+// One block stream of the pass's pipeline: at step s it emits the tasks of
+// `kind` for minibatch s - lag, lag = 0 or the lookahead.
+struct PipelineEntry {
+  int32_t kind;
+  bool lags;
+};
+
+// What fixes a rank's task list besides its schedule: the pass's options and
+// the layer's dimensions (shared_width 0: no shared expert).
+struct PassShape {
+  int32_t tile_m, minibatch_rows, ring_slots, lookahead;
+  int32_t hidden, intermediate, shared_width;
+};
+
+MOK_HD constexpr int32_t dim_of(const PassShape& s, Dim d) {
+  return d == Dim::kHidden ? s.hidden : d == Dim::kIntermediate ? s.intermediate : s.shared_width;
+}
+
+// ---- visiting a kind known only at run time ---------------------------------
+// The index an f(std::integral_constant) callback was called with, as a
+// constant expression (decltype of a captured parameter may be a reference).
+template <class T>
+inline constexpr int32_t index_of = std::remove_cvref_t<T>::value;
+
+// Calls f(std::integral_constant<int32_t, kind>) so that f can read the kind's
+// spec as a constant expression (the roles pick tile configs and epilogues
+// from it at compile time). A switch, once the compiler has folded it.
+template <int32_t kKind, int32_t kCount, class F>
+MOK_HD constexpr void visit_kind_from(int32_t kind, F&& f) {
+  if constexpr (kKind < kCount) {
+    if (kind == kKind) {
+      f(std::integral_constant<int32_t, kKind>{});
+    } else {
+      visit_kind_from<kKind + 1, kCount>(kind, static_cast<F&&>(f));
+    }
+  }
+}
+template <class Pass, class F>
+MOK_HD constexpr void visit_kind(int32_t kind, F&& f) {
+  visit_kind_from<0, Pass::kNumKinds>(kind, static_cast<F&&>(f));
+}
+// Calls f(std::integral_constant<int32_t, i>) for i = 0 .. kCount - 1.
+template <int32_t kCount, class F>
+MOK_HD constexpr void for_each_index(F&& f) {
+  [&]<int32_t... kI>(std::integer_sequence<int32_t, kI...>) {
+    (f(std::integral_constant<int32_t, kI>{}), ...);
+  }(std::make_integer_sequence<int32_t, kCount>{});
+}
+
+// ---- geometry -----------------------------------------------------------------
+template <class Pass>
+struct PassGeometry {
+  int32_t padded_rows;      // P: this rank's schedule rows (multiple of tile_m)
+  int32_t tile_m;           // GEMM tile height
+  int32_t minibatch_rows;   // multiple of tile_m
+  int32_t ring_slots;       // >= 1; a ring holds ring_slots * minibatch_rows rows
+  int32_t lookahead;        // minibatches a lagging pipeline entry trails by, >= 1
+  int32_t token_m_tiles;    // m-tiles of the rank's own tokens
+  int32_t n_tiles[Pass::kNumKinds];  // n-tiles of one m-tile, per kind (0: the kind has no tasks)
+
+  // The lookahead in force: a lagging block reads what the leading block of
+  // the same minibatch wrote into the ring, so it never trails by more than
+  // the ring holds.
+  MOK_HD int32_t effective_lookahead() const {
+    const int32_t l = lookahead < 1 ? 1 : lookahead;
+    return l < ring_slots ? l : ring_slots;
+  }
+  MOK_HD int32_t tiles_per_minibatch() const { return minibatch_rows / tile_m; }
+  MOK_HD int32_t m_tiles() const { return padded_rows / tile_m; }  // schedule m-tiles
+  MOK_HD int32_t minibatches() const {
+    // 64-bit sum: padded_rows may come close to 2^31.
+    return static_cast<int32_t>((static_cast<int64_t>(padded_rows) + minibatch_rows - 1) / minibatch_rows);
+  }
+  // m-tiles in minibatch mb (only the last one may be short).
+  MOK_HD int32_t tiles_in_minibatch(int32_t mb) const {
+    const int32_t rest = m_tiles() - mb * tiles_per_minibatch();
+    return rest < tiles_per_minibatch() ? rest : tiles_per_minibatch();
+  }
+  MOK_HD int32_t slot_of(int32_t mb) const { return mb % ring_slots; }
+  MOK_HD uint32_t generation_of(int32_t mb) const { return static_cast<uint32_t>(mb / ring_slots); }
+  MOK_HD int32_t ring_tiles() const { return ring_slots * tiles_per_minibatch(); }
+  // m-tiles of a kind: schedule or token m-tiles.
+  MOK_HD int32_t kind_m_tiles(int32_t kind) const {
+    int32_t m = 0;
+    visit_kind<Pass>(kind, [&](auto K) { m = Pass::kKinds[K].rows == Rows::kSchedule ? m_tiles() : token_m_tiles; });
+    return m;
+  }
+};
+
+// The geometry of a rank's pass with `tokens` own tokens and `padded_rows`
+// schedule rows (0 before the schedule exists: token-row tasks do not need
+// it). The one place n-tiles are counted: the kernel's roles, the host's
+// bound on the task count and the counter layout all call it. A kind whose
+// K or output width is 0 (the shared expert of a layer without one) has no
+// tasks.
+template <class Pass>
+MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int32_t padded_rows) {
+  PassGeometry<Pass> g{};
+  g.padded_rows = padded_rows;
+  g.tile_m = s.tile_m;
+  g.minibatch_rows = s.minibatch_rows;
+  g.ring_slots = s.ring_slots;
+  g.lookahead = s.lookahead;
+  g.token_m_tiles = (tokens + s.tile_m - 1) / s.tile_m;
+  for_each_index<Pass::kNumKinds>([&](auto K) {
+    constexpr TaskKindSpec spec = Pass::kKinds[K];
+    const int32_t n = dim_of(s, spec.n), k = dim_of(s, spec.k);
+    g.n_tiles[K] = n > 0 && k > 0 ? (n + spec.tile.out_cols() - 1) / spec.tile.out_cols() : 0;
+  });
+  return g;
+}
+
+// ---- the ticket order ---------------------------------------------------------
+// GEMM workers take tickets 0, 1, 2, ... from one counter. The order is the
+// prologue's kinds (every task of each, m-tile major), then the pipeline:
+// step s = 0, 1, ... emits, for each entry in order, the tasks of its kind for
+// minibatch s - lag (m-tile major) when that minibatch exists. It must be a
+// topological order of the table's waits: every task waits only on tasks
+// with smaller tickets, or on dispatch work that itself waits only on such
+// tasks. With every worker resident (persistent grid), the smallest
+// unfinished ticket can then always progress: no deadlock, whatever the ring
+// size (docs/protocol.md; the CPU model checks it for the table).
+
+inline constexpr int32_t kNoTask = -1;
+
+struct Task {
+  int32_t kind;       // the pass's kind, or kNoTask
+  int32_t minibatch;  // schedule-row tasks only (-1 otherwise)
+  int32_t m_tile;     // index among the schedule's m-tiles, or among the token m-tiles
+  int32_t n_tile;
+};
+
+template <class Pass>
+MOK_HD int64_t task_count(const PassGeometry<Pass>& g) {
+  int64_t count = 0;
+  for_each_index<Pass::kNumKinds>([&](auto K) {
+    count += static_cast<int64_t>(g.kind_m_tiles(K)) * g.n_tiles[K];
+  });
+  return count;
+}
+
+// The most tasks a pass of this shape can have, with `tokens` own tokens and
+// a schedule of up to `max_schedule_rows` rows (the host's bound on the
+// ticket space; 64-bit: an absurd shape can exceed int32).
+template <class Pass>
+MOK_HD int64_t max_task_count(const PassShape& s, int32_t tokens, int64_t max_schedule_rows) {
+  const PassGeometry<Pass> g = pass_geometry<Pass>(s, tokens, 0);
+  const int64_t schedule_m_tiles = (max_schedule_rows + s.tile_m - 1) / s.tile_m;
+  int64_t count = 0;
+  for_each_index<Pass::kNumKinds>([&](auto K) {
+    const int64_t m_tiles = Pass::kKinds[K].rows == Rows::kSchedule ? schedule_m_tiles : g.token_m_tiles;
+    count += m_tiles * g.n_tiles[K];
+  });
+  return count;
+}
+
+namespace detail {
+// Tasks of one pipeline entry's block for minibatch mb (m-tile major), or
+// false with `ticket` reduced by the block's size.
+template <class Pass>
+MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, int32_t kind, int32_t mb, int32_t& ticket, Task& task) {
+  const int32_t n = g.n_tiles[kind];
+  const int32_t size = g.tiles_in_minibatch(mb) * n;
+  if (ticket < size) {
+    task = {kind, mb, mb * g.tiles_per_minibatch() + ticket / n, ticket % n};
+    return true;
+  }
+  ticket -= size;
+  return false;
+}
+// The blocks of pipeline step s, entry by entry.
+template <class Pass>
+MOK_HD bool pipeline_step(const PassGeometry<Pass>& g, int32_t s, int32_t minibatches, int32_t& ticket, Task& task) {
+  bool found = false;
+  for_each_index<static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry))>([&](auto E) {
+    constexpr PipelineEntry entry = Pass::kPipeline[E];
+    const int32_t mb = s - (entry.lags ? g.effective_lookahead() : 0);
+    if (!found && mb >= 0 && mb < minibatches) found = pipeline_block(g, entry.kind, mb, ticket, task);
+  });
+  return found;
+}
+}  // namespace detail
+
+// Ticket -> task. Every quotient is taken in 32 bits: tickets come from a
+// 32-bit counter and the host refuses a pass that could have 2^31 tasks or
+// more, so each dividend fits (64-bit divisions are function calls on the
+// GPU, on the fetcher's path).
+template <class Pass>
+MOK_HD Task decode_task(const PassGeometry<Pass>& g, int64_t ticket64) {
+  Task task{kNoTask, -1, -1, -1};
+  if (ticket64 < 0 || ticket64 > 0x7fffffff) return task;
+  int32_t ticket = static_cast<int32_t>(ticket64);
+  // 1. The prologue: every task of each kind.
+  bool found = false;
+  for_each_index<static_cast<int32_t>(sizeof(Pass::kPrologue) / sizeof(int32_t))>([&](auto P) {
+    constexpr int32_t kind = Pass::kPrologue[P];
+    if (found) return;
+    const int32_t n = g.n_tiles[kind];
+    const int32_t size = g.kind_m_tiles(kind) * n;
+    if (ticket < size) {
+      task = {kind, -1, ticket / n, ticket % n};
+      found = true;
+    } else {
+      ticket -= size;
+    }
+  });
+  if (found) return task;
+
+  // 2. The pipeline. Steps before every entry has started, one by one.
+  constexpr int32_t kEntries = static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry));
+  bool any_lag = false;
+  for_each_index<kEntries>([&](auto E) { any_lag = any_lag || Pass::kPipeline[E].lags; });
+  const int32_t M = g.minibatches();
+  const int32_t max_lag = any_lag ? g.effective_lookahead() : 0;
+  const int32_t last_step = M - 1 + max_lag;  // steps 0 .. last_step
+  int32_t s = 0;
+  for (; s < max_lag && s <= last_step; ++s) {
+    if (detail::pipeline_step(g, s, M, ticket, task)) return task;
+  }
+  // Steady state, in closed form: every entry emits a full minibatch (only
+  // the last minibatch may be short), i.e. steps s with s - lag in [0, M - 2]
+  // for every entry: s in [max_lag, M - 2] (the leading entries have lag 0).
+  const int32_t steady = M - 1 - max_lag > 0 ? M - 1 - max_lag : 0;
+  int32_t full_step = 0;
+  for_each_index<kEntries>([&](auto E) {
+    full_step += g.tiles_per_minibatch() * g.n_tiles[Pass::kPipeline[E].kind];
+  });
+  if (steady > 0 && full_step > 0) {
+    if (ticket < steady * full_step) {
+      const int32_t step = s + ticket / full_step;
+      int32_t in_step = ticket % full_step;
+      detail::pipeline_step(g, step, M, in_step, task);
+      return task;
+    }
+    ticket -= steady * full_step;
+  }
+  s += steady;
+  // 3. The remaining steps (at most lookahead + 1), one by one.
+  for (; s <= last_step; ++s) {
+    if (detail::pipeline_step(g, s, M, ticket, task)) return task;
+  }
+  return Task{kNoTask, -1, -1, -1};
+}
+
+// ---- counter indices and targets ---------------------------------------------
+// Where m-tile `m_tile` of the schedule sits in the ring (every ring shares
+// the slot geometry): its ring-tile index, and its first ring row.
+template <class Pass>
+MOK_HD int32_t ring_tile_index(const PassGeometry<Pass>& g, int32_t m_tile) {
+  const int32_t mb = m_tile / g.tiles_per_minibatch();
+  return g.slot_of(mb) * g.tiles_per_minibatch() + (m_tile - mb * g.tiles_per_minibatch());
+}
+template <class Pass>
+MOK_HD int32_t ring_row_of_tile(const PassGeometry<Pass>& g, int32_t m_tile) {
+  return ring_tile_index(g, m_tile) * g.tile_m;
+}
+
+// Words a counter array takes.
+template <class Pass>
+MOK_HD int32_t counter_length(const PassGeometry<Pass>& g, Span span) {
+  switch (span) {
+    case Span::kRingTile: return g.ring_tiles();
+    case Span::kRingSlot: return g.ring_slots;
+    case Span::kTokenTile: return g.token_m_tiles;
+    case Span::kWhole: return 1;
+  }
+  return 0;
+}
+
+// The index of `counter` that the work on (minibatch, m_tile) waits on or
+// signals, and that index's generation.
+template <class Pass>
+MOK_HD int32_t counter_index(const PassGeometry<Pass>& g, Span span, int32_t minibatch, int32_t m_tile) {
+  switch (span) {
+    case Span::kRingTile: return ring_tile_index(g, m_tile);
+    case Span::kRingSlot: return g.slot_of(minibatch);
+    case Span::kTokenTile: return m_tile;
+    case Span::kWhole: return 0;
+  }
+  return 0;
+}
+MOK_HD constexpr bool span_cycles(Span span) { return span == Span::kRingTile || span == Span::kRingSlot; }
+
+// Signals one index of `counter` receives per generation: one store, or one
+// add per task of every kind that signals it (per ring tile: the m-tile's
+// n-tiles; per slot: a full minibatch's; per token tile: its n-tiles; for
+// the whole pass: every task of the kind).
+template <class Pass>
+MOK_HD uint32_t signals_per_generation(const PassGeometry<Pass>& g, int32_t counter) {
+  uint32_t total = 0;
+  visit_kind_from<0, Pass::kNumCounters>(counter, [&](auto C) {
+    constexpr CounterSpec spec = Pass::kCounters[C];
+    if constexpr (spec.stores_generation) {
+      total = 1;
+    } else {
+      for_each_index<Pass::kNumKinds>([&](auto K) {
+        for_each_index<kMaxSignals>([&](auto I) {
+          constexpr Span span = Pass::kCounters[index_of<decltype(C)>].span;
+          if constexpr (Pass::kKinds[index_of<decltype(K)>].signals[index_of<decltype(I)>].counter == index_of<decltype(C)>) {
+            uint32_t tiles = 1;
+            if constexpr (span == Span::kRingSlot) tiles = static_cast<uint32_t>(g.tiles_per_minibatch());
+            if constexpr (span == Span::kWhole) tiles = static_cast<uint32_t>(g.kind_m_tiles(K));
+            total += tiles * static_cast<uint32_t>(g.n_tiles[K]);
+          }
+        });
+      });
+    }
+  });
+  return total;
+}
+
+template <class Pass>
+MOK_HD uint32_t wait_target(const PassGeometry<Pass>& g, CounterWait w, uint32_t generation) {
+  return (generation + (w.await == Await::kReady ? 1u : 0u)) * signals_per_generation(g, w.counter);
+}
+
+}  // namespace mok::protocol
