@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One call on the device machine (a Hopper GPU with torch): build everything
+# (the torch front included), run the GPU tests and pytest, optionally
+# compute-sanitizer on some GPU tests, and -- given a baseline mok_cli built
+# from another commit -- compare the fused forward's output bits and speed
+# against it: bits on a list of layers, worlds and option sets; speed in
+# alternating rounds (baseline, this build, baseline, ...) on the presets.
+# Logs go to $OUT (or ./out); the summary is printed last.
+#
+#   scripts/device_check.sh [tests] [sanitize] [compare]
+#   MOK_BASELINE_CLI=path/to/mok_cli   the baseline for 'compare'
+#   MOK_SANITIZE='Filter*'             GPU tests for 'sanitize' (gtest filter)
+#   MOK_ROUNDS=4                       alternations per preset for 'compare'
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=" $* "; [ $# -eq 0 ] && steps=" tests "
+summary=()
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+
+t0=$(date +%s)
+gtest=(); [ -d .deps/googletest ] && gtest=(-DMOK_GTEST_SOURCE=$PWD/.deps/googletest)
+if ! cmake --preset default "${gtest[@]}" -DMOK_TORCH=ON >"$OUT/configure.log" 2>&1; then
+  echo "configure with torch failed; without:"; tail -5 "$OUT/configure.log"
+  cmake --preset default "${gtest[@]}" -DMOK_TORCH=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+fi
+cmake --build build -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+summary+=("build: $(( $(date +%s) - t0 )) s; $(grep -c 'spill' "$OUT/build.log") spill warnings")
+
+if [[ $steps == *" tests "* ]]; then
+  timeout 420 ctest --test-dir build -L gpu --output-on-failure >"$OUT/gpu_tests.log" 2>&1
+  summary+=("gpu tests rc=$?: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)")
+  grep -E "\*\*\*Failed|Failed  |Exception|Timeout" "$OUT/gpu_tests.log" | head -20
+  if [ -f build/python/libmok_torch.so ]; then
+    MOK_LIB_DIR=$PWD/build/python PYTHONPATH=$PWD/python timeout 300 python3 -X faulthandler -m pytest -q \
+      -p no:cacheprovider python/tests >"$OUT/pytest.log" 2>&1
+    summary+=("pytest rc=$?: $(tail -1 "$OUT/pytest.log")")
+    grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
+  fi
+fi
+
+if [[ $steps == *" sanitize "* ]] && [ -n "${MOK_SANITIZE:-}" ]; then
+  for tool in memcheck racecheck; do
+    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/mok_gpu_tests --gtest_color=no \
+      --gtest_filter="$MOK_SANITIZE" >"$OUT/$tool.log" 2>&1
+    summary+=("$tool rc=$? on '$MOK_SANITIZE': $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)")
+  done
+fi
+
+if [[ $steps == *" compare "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
+  new=build/tools/mok_cli
+  bits() { "$1" --iterations 2 "${@:2}" 2>&1 | grep -o "fnv1a64 [0-9a-f]*" | head -1; }
+  mismatches=0
+  while read -r args; do
+    [ -z "$args" ] && continue
+    a=$(bits "$MOK_BASELINE_CLI" $args); b=$(bits "$new" $args)
+    same=$([ -n "$a" ] && [ "$a" = "$b" ] && echo same || echo DIFFERENT)
+    [ "$same" = same ] || mismatches=$((mismatches + 1))
+    echo "bits $same: $args ($a / $b)" | tee -a "$OUT/bits.log"
+  done <<'LIST'
+--preset small --world 1 --tokens 300
+--preset small --world 2 --tokens-per-rank 300,0
+--preset small --world 4 --tokens 200 --routing skewed
+--preset medium --world 1 --tokens 2000 --minibatch-rows 256 --ring-slots 1
+--preset medium --world 2 --tokens 1500 --routing same --lookahead 1
+--preset no-shared --world 2 --tokens 999 --comm-ctas 3
+--preset medium --world 8 --tokens 512 --ring-slots 2
+--preset deepseek-v3-ep8-slice
+--preset deepseek-v3-ep8-slice --routing skewed
+--preset glm-4.5-ep8-slice
+--preset qwen3-235b-ep8-slice
+--preset deepseek-v3-ep8-slice --world 4 --tokens 1024
+LIST
+  summary+=("bits: $mismatches mismatches against the baseline (bits.log)")
+  ms() { "$1" --iterations 50 "${@:2}" 2>&1 | sed -n 's/.*fused forward: \([0-9.]*\) ms.*/\1/p' | head -1; }
+  for preset in deepseek-v3-ep8-slice glm-4.5-ep8-slice qwen3-235b-ep8-slice "deepseek-v3-ep8-slice --routing skewed"; do
+    base=(); mine=()
+    for ((i = 0; i < ${MOK_ROUNDS:-4}; i++)); do
+      base+=("$(ms "$MOK_BASELINE_CLI" --preset $preset)"); mine+=("$(ms "$new" --preset $preset)")
+    done
+    line=$(python3 - "${base[*]}" "${mine[*]}" <<'PY'
+import statistics, sys
+b = [float(v) for v in sys.argv[1].split()]; m = [float(v) for v in sys.argv[2].split()]
+print(f"baseline {statistics.median(b):.3f} ms, this build {statistics.median(m):.3f} ms, "
+      f"speed ratio {statistics.median(b) / statistics.median(m):.4f} (rounds: {b} / {m})")
+PY
+)
+    echo "speed $preset: $line" | tee -a "$OUT/speed.log"
+    summary+=("speed $preset: ${line%% (rounds*}")
+  done
+fi
+
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
