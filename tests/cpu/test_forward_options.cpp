@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hopper_kernel_facts.hpp"
 #include "mok/error.hpp"
 #include "mok/presets.hpp"
 #include "mok/reference.hpp"
@@ -21,18 +22,7 @@ namespace {
 using mok::world::GpuFacts;
 using mok::world::KernelFacts;
 
-KernelFacts hopper_kernel() {
-  KernelFacts k;
-  k.tile_m = 128;
-  k.schedule_warps_per_cta = 12;
-  k.max_top_k = 16;
-  k.max_hidden = 8192;
-  k.max_local_experts = 1024;
-  k.tensor_maps = 8;
-  k.tensor_map_bytes = 128;
-  k.tensor_map_alignment = 64;
-  return k;
-}
+KernelFacts hopper_kernel() { return mok::test_support::hopper_kernel_facts(); }
 
 GpuFacts gpus(int count) {
   GpuFacts g;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hopper_kernel_facts.hpp"
 #include "mok/error.hpp"
 #include "mok/presets.hpp"
 #include "mok/row_source.hpp"
@@ -21,20 +22,7 @@ namespace {
 using mok::world::KernelFacts;
 using mok::world::Region;
 
-// The facts of today's kernel (fused_kernel.cu reads them from the device
-// constants; these tests only need a plausible kernel).
-KernelFacts hopper_kernel() {
-  KernelFacts k;
-  k.tile_m = 128;
-  k.schedule_warps_per_cta = 12;
-  k.max_top_k = 16;
-  k.max_hidden = 8192;
-  k.max_local_experts = 1024;
-  k.tensor_maps = 8;
-  k.tensor_map_bytes = 128;
-  k.tensor_map_alignment = 64;
-  return k;
-}
+KernelFacts hopper_kernel() { return mok::test_support::hopper_kernel_facts(); }
 
 mok::FusedForwardOptions ring(int minibatch_rows, int ring_slots, int comm_ctas) {
   mok::FusedForwardOptions o;
