@@ -80,10 +80,13 @@ class FusedForward {
   FusedForward& operator=(const FusedForward&) = delete;
 
   // Enqueues one forward pass on `stream`; no host synchronisation. Throws
-  // mok::Error before launch on bad pointers. One object serves one stream at
-  // a time (its workspace is reused by every pass), and its kernel needs every
-  // SM of the GPU at once (a cooperative launch: it fails rather than hang).
-  // In a peer world the pass runs on each GPU's legacy default stream.
+  // mok::Error before launch on bad pointers. The passes of one object run
+  // one after another even when the caller switches streams: each waits, on
+  // the GPU, for the end of the previous one before it touches the workspace
+  // that every pass reuses (a pass captured in a CUDA graph is ordered by the
+  // graph's stream instead). Its kernel needs every SM of the GPU at once (a
+  // cooperative launch: it fails rather than hang). In a peer world the pass
+  // runs on each GPU's legacy default stream.
   void run(std::span<const RankTensors> ranks, CUstream_st* stream = nullptr);
   // Peer world: streams[r] is a stream of devices[r] (null: its default
   // stream). The GPUs order themselves with events, never the host: a pass
@@ -108,9 +111,12 @@ class FusedForward {
   // frees the memory its peers had mapped).
   void close_peers();
 
-  // Waits for the pass, then throws mok::Error if it aborted: a stalled wait
-  // (names the counter, ranks, target and observed value) or a bad routing
-  // entry (names rank, token, slot and the id).
+  // Waits for the last pass wherever it ran (on any stream of any of the
+  // world's GPUs; the given streams are synchronized instead only before the
+  // first pass or after a captured one), then throws mok::Error if it
+  // aborted: a stalled wait (names the counter, ranks, target and observed
+  // value) or a bad routing entry (names rank, token, slot and the id). Also
+  // after close_peers(): the report was kept when the peers were unmapped.
   void check(CUstream_st* stream = nullptr);
   void check(std::span<CUstream_st* const> streams);
 

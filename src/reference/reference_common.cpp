@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "mok/error.hpp"
+#include "plan/implemented_dtype.hpp"
 
 namespace mok::ref {
 namespace {
@@ -90,6 +91,8 @@ void validate_reference(const LayerInputs& inputs, const WorldSchedule& schedule
                         const ReferenceOptions& options) {
   const LayerConfig& config = inputs.config;
   validate(config);
+  // Its math is bf16's: an fp8 config would silently get bf16 results.
+  plan::require_implemented_dtype(config, "the CPU reference");
   validate_routing(config, inputs.routing, /*check_weights=*/true);
   validate_pointers(inputs);
   require(options.num_threads >= 1, "num_threads", options.num_threads, "must be >= 1");

@@ -13,8 +13,6 @@
 #include <vector>
 
 #include "mok/error.hpp"
-#include "mok/fused_forward.hpp"
-#include "mok/layer_config.hpp"
 
 namespace mok::world {
 
@@ -26,41 +24,13 @@ struct WorldHandle {
   uint32_t version = kHandleVersion;
   int32_t world_size = 0;
   int32_t rank = 0;
-  uint64_t fingerprint = 0;  // of everything that fixes every rank's workspace layout
+  uint64_t fingerprint = 0;  // layout_fingerprint() (workspace_layout.hpp)
   uint64_t bytes = 0;        // the exporter's workspace size
   uint8_t gpu_uuid[16] = {};
   cudaIpcMemHandle_t ipc{};
 };
 
 inline constexpr size_t kHandleBytes = sizeof(WorldHandle);
-
-// FNV-1a over the fields that decide the layout of every rank's workspace
-// (two ranks must agree on all of them to read each other's memory).
-inline uint64_t layout_fingerprint(const LayerConfig& c, const FusedForwardOptions& o, int tile_m) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(kHandleVersion);
-  mix(tile_m);
-  mix(c.hidden);
-  mix(c.intermediate);
-  mix(c.num_experts);
-  mix(c.top_k);
-  mix(c.shared_width());
-  mix(static_cast<int64_t>(c.dtype));
-  mix(c.world_size);
-  for (int t : c.tokens_per_rank) mix(t);
-  mix(o.minibatch_rows);
-  mix(o.ring_slots);
-  // Every rank's schedule is built by comm_ctas_per_rank CTAs (its workspace
-  // and its peers' counter targets depend on it).
-  mix(o.comm_ctas_per_rank);
-  return h;
-}
 
 inline std::vector<uint8_t> pack_handle(const WorldHandle& handle) {
   std::vector<uint8_t> bytes(kHandleBytes);

@@ -1,0 +1,60 @@
+#include "world/fused_kernel.hpp"
+
+#include "common/cuda_check.hpp"
+#include "device/kernel/fused_forward_kernel.cuh"
+
+namespace mok::world {
+namespace {
+
+static_assert(alignof(CUtensorMap) <= 1024, "the workspace aligns its regions to 1 KB (workspace_layout.hpp)");
+
+template <cuda::thread_scope kScope>
+void launch(const device::FusedForwardParams& params, int ctas, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(device::kFusedThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(device::fused_smem_bytes());
+  config.stream = stream;
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, device::fused_forward_kernel<kScope>, params));
+}
+
+}  // namespace
+
+KernelFacts fused_kernel_facts() {
+  KernelFacts f;
+  f.tile_m = device::FusedGemmCfg::kBlockM;
+  f.schedule_warps_per_cta = device::kScheduleWarpsPerCta;
+  f.max_top_k = device::kMaxTopK;
+  f.max_hidden = static_cast<int>(device::kCopySlotBytes / sizeof(uint16_t));
+  f.max_local_experts = device::kMaxScheduleExperts;
+  f.tensor_maps = device::kNumMaps;
+  f.tensor_map_bytes = sizeof(CUtensorMap);
+  f.tensor_map_alignment = alignof(CUtensorMap);
+  return f;
+}
+
+void allow_fused_kernel_smem(bool system_scope) {
+  if (system_scope) {
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_system>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+  } else {
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_device>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+  }
+}
+
+void launch_fused_kernel(const device::FusedForwardParams& params, int ctas, cudaStream_t stream,
+                         bool system_scope) {
+  if (system_scope) {
+    launch<cuda::thread_scope_system>(params, ctas, stream);
+  } else {
+    launch<cuda::thread_scope_device>(params, ctas, stream);
+  }
+}
+
+}  // namespace mok::world

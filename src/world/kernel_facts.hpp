@@ -1,0 +1,23 @@
+// What the host side of the fused forward must know about the kernel it
+// launches: its limits and the sizes of the things a workspace holds for it.
+// Plain data, so that validation and the workspace layout compile without
+// CUDA (and are tested on the CPU); the CUDA side fills it from the device
+// constants themselves (fused_kernel.cu), never from copies of them.
+#pragma once
+
+#include <cstddef>
+
+namespace mok::world {
+
+struct KernelFacts {
+  int tile_m = 0;                  // rows of one GEMM m-tile (the schedule pads experts to it)
+  int schedule_warps_per_cta = 0;  // warps of a dispatch CTA that build the schedule
+  int max_top_k = 0;               // the combine holds a token's top_k weights in registers
+  int max_hidden = 0;              // widest x row a dispatch copy slot holds (bf16 elements)
+  int max_local_experts = 0;       // local experts the in-kernel schedule counts in shared memory
+  int tensor_maps = 0;             // TMA tensor maps per rank
+  size_t tensor_map_bytes = 0;     // sizeof(CUtensorMap)
+  size_t tensor_map_alignment = 0; // alignof(CUtensorMap)
+};
+
+}  // namespace mok::world

@@ -1,0 +1,165 @@
+// The process world: one process per GPU (e.g. under torchrun); this object
+// is one rank, on the current GPU. It allocates only its own workspace, with
+// a staging copy of its x and ids (the caller's tensors cannot be shared),
+// exports it as a CUDA IPC handle and maps its peers' from theirs. Passes are
+// always device-ordered: no host can order the processes' GPUs.
+#include <cstring>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "mok/error.hpp"
+#include "world/device_scope.hpp"
+#include "world/pass_report.hpp"
+#include "world/world.hpp"
+#include "world/world_handle.hpp"
+
+namespace mok::world {
+namespace {
+
+class ProcessWorld final : public World {
+ public:
+  ~ProcessWorld() override {
+    if (mapped_.empty() || state_ == nullptr) return;
+    // A pass still running would touch the peers' memory: let it end first.
+    try {
+      DeviceScope on(state_->rank_device[static_cast<size_t>(me_)]);
+      cudaDeviceSynchronize();
+      close_mappings(*state_);
+    } catch (...) {
+    }
+  }
+
+  bool allocates(int rank) const override { return rank == me_; }
+
+  std::vector<Launch> launches(const WorldState& s) const override {
+    return {Launch{s.rank_device[static_cast<size_t>(me_)], me_, 1}};
+  }
+
+  void connect(WorldState& s) override {
+    state_ = &s;
+    me_ = s.options.process_rank;
+  }
+
+  bool ready_to_run(const WorldState& s) const override { return s.config.world_size == 1 || imported_; }
+
+  // Peers read this rank's inputs in its workspace. Safe to overwrite once
+  // the previous pass's kernel has ended (the pass waited for it): it ended
+  // only after every rank finished that pass (the end barrier).
+  void before_workspace(WorldState& s, std::span<const cudaStream_t> streams,
+                        std::vector<RankTensors>& tensors) override {
+    const RankLayout& L = s.layouts[static_cast<size_t>(me_)];
+    const size_t T = static_cast<size_t>(s.config.tokens_per_rank[static_cast<size_t>(me_)]);
+    RankTensors& mine = tensors[0];
+    uint8_t* base = s.rank_base[static_cast<size_t>(me_)];
+    if (T > 0) {
+      DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
+      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_x.offset, mine.x, L.staged_x.bytes, cudaMemcpyDeviceToDevice,
+                                     streams[0]));
+      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_ids.offset, mine.expert_ids, L.staged_ids.bytes,
+                                     cudaMemcpyDeviceToDevice, streams[0]));
+    }
+    mine.x = base + L.staged_x.offset;
+    mine.expert_ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);
+  }
+
+  std::vector<uint8_t> export_handle(const WorldState& s) const override {
+    WorldHandle handle;
+    handle.world_size = s.config.world_size;
+    handle.rank = me_;
+    handle.fingerprint = layout_fingerprint(s.config, s.options, s.kernel);
+    handle.bytes = s.layouts[static_cast<size_t>(me_)].bytes;
+    cudaDeviceProp prop{};
+    MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[static_cast<size_t>(me_)]));
+    std::memcpy(handle.gpu_uuid, &prop.uuid, sizeof(handle.gpu_uuid));
+    DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
+    MOK_CUDA_CHECK(cudaIpcGetMemHandle(&handle.ipc, s.rank_memory[static_cast<size_t>(me_)]));
+    return pack_handle(handle);
+  }
+
+  void import_peers(WorldState& s, std::span<const std::vector<uint8_t>> handles) override {
+    const int R = s.config.world_size;
+    if (imported_) throw Error("import_peers: the peers are imported already (once per object)");
+    if (static_cast<int>(handles.size()) != R) {
+      throw Error("import_peers: got " + std::to_string(handles.size()) + " handles; world_size is " +
+                  std::to_string(R) + " (one per rank, in rank order, this rank's included)");
+    }
+    const std::vector<WorldHandle> peers = checked_handles(s, handles);
+    DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
+    try {
+      for (int q = 0; q < R; ++q) {
+        if (q == me_) continue;
+        void* base = nullptr;
+        // IPC memory needs no cudaDeviceEnablePeerAccess: the lazy flag maps
+        // it for peer access (NVLink or PCIe P2P).
+        MOK_CUDA_CHECK(cudaIpcOpenMemHandle(&base, peers[static_cast<size_t>(q)].ipc, cudaIpcMemLazyEnablePeerAccess));
+        s.rank_base[static_cast<size_t>(q)] = static_cast<uint8_t*>(base);
+        mapped_.push_back(q);
+        s.fill_view(q);
+      }
+    } catch (...) {
+      close_mappings(s);
+      throw;
+    }
+    s.report_at_close.reset();
+    imported_ = true;
+  }
+
+  void close_peers(WorldState& s) override {
+    DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
+    // No pass of ours may still read or write the mappings.
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+    // The last pass's report lives in rank 0's workspace: keep it for check().
+    if (!mapped_.empty()) s.report_at_close = read_pass_report(s);
+    close_mappings(s);
+  }
+
+ private:
+  std::vector<WorldHandle> checked_handles(const WorldState& s, std::span<const std::vector<uint8_t>> handles) const {
+    const int R = s.config.world_size;
+    cudaDeviceProp prop{};
+    MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[static_cast<size_t>(me_)]));
+    const uint64_t fingerprint = layout_fingerprint(s.config, s.options, s.kernel);
+    std::vector<WorldHandle> peers;
+    for (int q = 0; q < R; ++q) {
+      const WorldHandle h = unpack_handle(handles[static_cast<size_t>(q)], q);
+      const std::string who = "import_peers: handles[" + std::to_string(q) + "]";
+      if (h.world_size != R) {
+        throw Error(who + " comes from a world of " + std::to_string(h.world_size) + " ranks; this one has " +
+                    std::to_string(R));
+      }
+      if (h.rank != q) {
+        throw Error(who + " is rank " + std::to_string(h.rank) + "'s handle (give them in rank order)");
+      }
+      if (h.fingerprint != fingerprint || h.bytes != s.layouts[static_cast<size_t>(q)].bytes) {
+        throw Error(who + ": rank " + std::to_string(q) + " was made with another layer config or options "
+                    "(dims, tokens per rank, minibatch_rows, ring_slots, comm_ctas_per_rank must be equal on every rank)");
+      }
+      if (q != me_ && std::memcmp(h.gpu_uuid, &prop.uuid, sizeof(h.gpu_uuid)) == 0) {
+        throw Error(who + ": rank " + std::to_string(q) + " runs on this process's GPU too; a process world "
+                    "needs one GPU per rank (each pass needs every SM of its GPU)");
+      }
+      peers.push_back(h);
+    }
+    return peers;
+  }
+
+  void close_mappings(WorldState& s) {
+    for (int q : mapped_) {
+      cudaIpcCloseMemHandle(s.rank_base[static_cast<size_t>(q)]);
+      s.rank_base[static_cast<size_t>(q)] = nullptr;
+    }
+    mapped_.clear();
+    imported_ = false;
+  }
+
+  WorldState* state_ = nullptr;
+  int me_ = -1;
+  std::vector<int> mapped_;  // ranks whose workspace is an IPC mapping (closed, not freed)
+  bool imported_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<World> make_process_world() { return std::make_unique<ProcessWorld>(); }
+
+}  // namespace mok::world

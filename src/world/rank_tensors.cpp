@@ -1,0 +1,54 @@
+#include "world/rank_tensors.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "mok/error.hpp"
+
+namespace mok::world {
+namespace {
+
+// Messages here are built with std::to_string / snprintf, not iostreams: this
+// code also runs inside the PyTorch extension, where formatting an integer
+// through an ostream crashed (a libstdc++ mismatch in torch 2.11's process;
+// docs/perf-notes.md, "torch extension").
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%p", p);
+  return text;
+}
+
+void require_device_pointer(const void* p, const std::string& field, bool required) {
+  if (p == nullptr) {
+    if (required) throw Error(field + " is null");
+    return;
+  }
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    throw Error(field + " = " + pointer_text(p) + ": must be 16-byte aligned");
+  }
+}
+
+}  // namespace
+
+void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) {
+  const bool has_tokens = config.tokens_per_rank[static_cast<size_t>(r)] > 0;
+  const bool has_shared = config.shared_width() > 0;
+  const std::string rank = "rank " + std::to_string(r) + ": ";
+  require_device_pointer(t.x, rank + "x", has_tokens);
+  require_device_pointer(t.out, rank + "out", has_tokens);
+  require_device_pointer(t.w13, rank + "w13", true);
+  require_device_pointer(t.w2, rank + "w2", true);
+  require_device_pointer(t.shared_w13, rank + "shared_w13", has_shared);
+  require_device_pointer(t.shared_w2, rank + "shared_w2", has_shared);
+  if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
+    throw Error(rank + "expert_ids and weights must not be null");
+  }
+}
+
+bool tensor_maps_moved(const RankTensors& before, const RankTensors& now) {
+  return before.x != now.x || before.w13 != now.w13 || before.w2 != now.w2 || before.shared_w13 != now.shared_w13 ||
+         before.shared_w2 != now.shared_w2;
+}
+
+}  // namespace mok::world

@@ -1,0 +1,17 @@
+// Checks on the tensors a caller passes to run(), before anything is
+// enqueued: pointers that must exist and be 16-byte aligned (TMA bases).
+#pragma once
+
+#include "mok/fused_forward.hpp"
+#include "mok/layer_config.hpp"
+
+namespace mok::world {
+
+// Throws mok::Error naming the rank and the field.
+void check_rank_tensors(const LayerConfig& config, const RankTensors& tensors, int rank);
+
+// Whether a tensor the rank's tensor maps describe has moved (maps are
+// rebuilt only then).
+bool tensor_maps_moved(const RankTensors& before, const RankTensors& now);
+
+}  // namespace mok::world

@@ -1,0 +1,89 @@
+// The workspace of one rank of the fused forward: which region of its one
+// allocation holds what, how big each is, and a fingerprint of everything
+// that fixes the layout (ranks of a process world read each other's memory by
+// it, so they must agree on it). Also the bounds the layout implies: the
+// largest schedule a rank can receive and the 2^31-task bound of a pass.
+// Plain C++ (no CUDA): tests/cpu/test_workspace_layout.cpp checks it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mok/fused_forward.hpp"
+#include "mok/layer_config.hpp"
+#include "protocol/pass_forward.hpp"
+#include "world/kernel_facts.hpp"
+
+namespace mok::world {
+
+// Every region starts on this boundary (TMA bases need 16 B, tensor maps 64 B;
+// 1 KB keeps rows of every tensor aligned for any swizzle).
+inline constexpr size_t kRegionAlignment = 1024;
+// Bumped whenever the carving below changes: it enters the fingerprint.
+inline constexpr uint32_t kLayoutVersion = 1;
+
+inline size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
+
+struct Region {
+  size_t offset = 0;
+  size_t bytes = 0;
+  size_t end() const { return offset + bytes; }
+};
+
+struct RankLayout {
+  Region ring_x;         // bf16 [ring rows, H]
+  Region ring_h;         // bf16 [ring rows, I]
+  Region combine;        // bf16 [T * k, H]: y per (token, slot), written by the expert owners
+  Region shared_h;       // bf16 [T rounded up to tile_m, S]
+  Region shared_out;     // bf16 [T, H]
+  Region expert_rows;    // int32 [El]
+  Region expert_offset;  // int32 [El + 1]
+  Region rows;           // RowSource [row_capacity]: the schedule
+  Region schedule_hist;  // int32 [schedule warps, El]
+  Region counters[2];    // two counter sets: set 0 only when host-ordered, epoch % 2 when device-ordered
+  Region barrier;        // protocol::WorldBarrierWords
+  Region maps;           // CUtensorMap [tensor_maps]
+  Region staged_x;       // process world: this rank's x, where its peers can read it (else empty)
+  Region staged_ids;     // process world: this rank's expert ids (else empty)
+  size_t bytes = 0;      // the allocation
+  protocol::ForwardGeometry geometry{};  // padded_rows unknown (0): sizes the counters only
+  int64_t row_capacity = 0;
+};
+
+struct NamedRegion {
+  const char* name;
+  Region region;
+};
+// Every region of the layout, in address order.
+std::vector<NamedRegion> regions(const RankLayout& layout);
+// What is zeroed once, when the workspace is made: both counter sets and the
+// barrier words (device-ordered passes never zero them from the host again).
+Region zeroed_at_creation(const RankLayout& layout);
+
+// The pass shape every rank's geometry derives from.
+protocol::PassShape pass_shape(const LayerConfig& config, const FusedForwardOptions& options,
+                               const KernelFacts& kernel);
+// The largest schedule any rank can receive: every (token, slot) entry of the
+// world on its experts, each expert padded to tile_m. An upper bound even for
+// invalid routing (ids repeated on another rank are caught by that rank after
+// this one counted them), so the schedule never runs past its buffer.
+int64_t schedule_row_capacity(const LayerConfig& config, const KernelFacts& kernel);
+// The most GEMM tasks one rank's pass can have (counted in 64 bits).
+int64_t most_tasks_per_pass(const LayerConfig& config, const FusedForwardOptions& options,
+                            const KernelFacts& kernel);
+// Tickets are decoded in 32 bits (protocol/pass_table.hpp): throws
+// mok::Error for a shape whose pass could reach 2^31 tasks.
+void require_task_bound(const LayerConfig& config, const FusedForwardOptions& options, const KernelFacts& kernel);
+
+// Rank `rank`'s layout; `staged_inputs`: room for its x and ids (process world).
+RankLayout rank_layout(const LayerConfig& config, const FusedForwardOptions& options, const KernelFacts& kernel,
+                       int rank, bool staged_inputs);
+
+// FNV-1a over every field that decides the layout of any rank's workspace,
+// and over nothing else (two ranks must agree on all of them to read each
+// other's memory; options that do not change the layout may differ).
+uint64_t layout_fingerprint(const LayerConfig& config, const FusedForwardOptions& options,
+                            const KernelFacts& kernel);
+
+}  // namespace mok::world

@@ -1,0 +1,160 @@
+#include "world/world_state.hpp"
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
+#include "world/device_scope.hpp"
+
+namespace mok::world {
+
+namespace {
+// Host-ordered worlds: [0] the abort flag, [1..] the StallReport.
+constexpr size_t kReportWordsBytes = sizeof(uint32_t) + sizeof(protocol::StallReport);
+}  // namespace
+
+WorldState::~WorldState() {
+  // Each release makes its GPU current in a DeviceScope, which puts the
+  // caller's GPU back. Errors are dropped: a destructor must not throw, and a
+  // context a failed pass broke refuses every call.
+  auto release = [](int device, auto&& free) {
+    try {
+      DeviceScope on(device);
+      free();
+    } catch (...) {
+    }
+  };
+  for (size_t i = 0; i < pass_done.size(); ++i) {
+    if (pass_done[i] != nullptr) release(launches[i].device, [&] { cudaEventDestroy(pass_done[i]); });
+  }
+  for (size_t r = 0; r < rank_memory.size(); ++r) {
+    if (rank_memory[r] != nullptr) release(rank_device[r], [&] { cudaFree(rank_memory[r]); });
+  }
+  if (world_words != nullptr) release(report_device(), [&] { cudaFree(world_words); });
+  if (trace_memory != nullptr) release(report_device(), [&] { cudaFree(trace_memory); });
+}
+
+// Every rank of a process world is on this process's GPU as far as this
+// object knows (rank_devices()), so rank 0's GPU is the report GPU in every
+// world.
+int WorldState::report_device() const { return rank_device[0]; }
+
+void WorldState::allocate_rank(int r) {
+  const RankLayout& L = layouts[static_cast<size_t>(r)];
+  DeviceScope on(rank_device[static_cast<size_t>(r)]);
+  MOK_CUDA_CHECK(cudaMalloc(&rank_memory[static_cast<size_t>(r)], L.bytes));
+  rank_base[static_cast<size_t>(r)] = rank_memory[static_cast<size_t>(r)];
+  // Both counter sets and the barrier words start at zero; device-ordered
+  // passes never zero them from the host again. Synchronised: a process
+  // world's peers may write here as soon as they hold our handle.
+  const Region zeroed = zeroed_at_creation(L);
+  MOK_CUDA_CHECK(cudaMemset(rank_memory[static_cast<size_t>(r)] + zeroed.offset, 0, zeroed.bytes));
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  fill_view(r);
+}
+
+void WorldState::allocate_report_words() {
+  DeviceScope on(report_device());
+  MOK_CUDA_CHECK(cudaMalloc(&world_words, kReportWordsBytes));
+  // Zero now, so that check() before the first pass finds no report.
+  MOK_CUDA_CHECK(cudaMemset(world_words, 0, kReportWordsBytes));
+  if (options.trace_events > 0) {
+    trace_blocks = static_cast<size_t>(config.world_size) * static_cast<size_t>(options.ctas_per_rank);
+    trace_per_block = std::max<size_t>(1, static_cast<size_t>(options.trace_events) / trace_blocks);
+    MOK_CUDA_CHECK(cudaMalloc(&trace_memory, trace_count_bytes() + trace_blocks * trace_per_block * sizeof(TraceEvent)));
+  }
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void WorldState::create_pass_events() {
+  pass_done.assign(launches.size(), nullptr);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    DeviceScope on(launches[i].device);
+    MOK_CUDA_CHECK(cudaEventCreateWithFlags(&pass_done[i], cudaEventDisableTiming));
+  }
+}
+
+void WorldState::fill_params() {
+  const LayerConfig& c = config;
+  const FusedForwardOptions& o = options;
+  device::FusedForwardParams& p = params;
+  p.world_size = c.world_size;
+  p.hidden = c.hidden;
+  p.intermediate = c.intermediate;
+  p.shared_width = c.shared_width();
+  p.top_k = c.top_k;
+  p.num_local_experts = c.experts_per_rank();
+  p.tile_m = kernel.tile_m;
+  p.minibatch_rows = o.minibatch_rows;
+  p.ring_slots = o.ring_slots;
+  p.lookahead = o.lookahead;
+  p.ctas_per_rank = o.ctas_per_rank;
+  p.comm_ctas_per_rank = o.comm_ctas_per_rank;
+  p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
+  if (trace_memory != nullptr) {
+    p.trace_count = reinterpret_cast<uint32_t*>(trace_memory);
+    p.trace = reinterpret_cast<TraceEvent*>(trace_memory + trace_count_bytes());
+    p.trace_capacity = static_cast<uint32_t>(trace_per_block);
+  }
+  p.epoch = 0;
+  p.barrier_timeout_ns = static_cast<uint64_t>(o.barrier_timeout_seconds * 1e9);
+}
+
+// Counters are bound per pass (bind_counters); a process world's peers
+// expose their staged inputs as x and ids.
+void WorldState::fill_view(int r) {
+  const RankLayout& L = layouts[static_cast<size_t>(r)];
+  uint8_t* base = rank_base[static_cast<size_t>(r)];
+  device::RankView& v = params.ranks[r];
+  v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
+  v.ring_x = reinterpret_cast<uint16_t*>(base + L.ring_x.offset);
+  v.ring_h = reinterpret_cast<uint16_t*>(base + L.ring_h.offset);
+  v.combine = reinterpret_cast<uint16_t*>(base + L.combine.offset);
+  v.shared_h = reinterpret_cast<uint16_t*>(base + L.shared_h.offset);
+  v.shared_out = reinterpret_cast<uint16_t*>(base + L.shared_out.offset);
+  v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows.offset);
+  v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset.offset);
+  v.rows = reinterpret_cast<RowSource*>(base + L.rows.offset);
+  v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist.offset);
+  v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps.offset);
+  v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + L.barrier.offset);
+  if (kind == WorldKind::kProcess) {
+    v.x = reinterpret_cast<const uint16_t*>(base + L.staged_x.offset);
+    v.ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);
+  }
+}
+
+// Host-ordered: every rank's set 0, with the world's abort flag and report in
+// world_words. Device-ordered: set epoch % 2 of every rank, the world's abort
+// flag and report being those of rank 0's set (so they outlive the pass until
+// every host has read them; docs/protocol.md), and the other set idle.
+void WorldState::bind_counters(uint32_t pass_epoch) {
+  const int set = device_ordered() ? protocol::counter_set_of(pass_epoch) : 0;
+  uint32_t* abort = world_words;
+  auto* stall = reinterpret_cast<protocol::StallReport*>(world_words + 1);
+  if (device_ordered()) {
+    const protocol::ForwardCounters rank0 = protocol::carve_counters(
+        layouts[0].geometry, reinterpret_cast<uint32_t*>(rank_base[0] + layouts[0].counters[set].offset));
+    abort = rank0.abort;
+    stall = rank0.stall;
+  }
+  for (int r = 0; r < config.world_size; ++r) {
+    if (rank_base[static_cast<size_t>(r)] == nullptr) continue;
+    const RankLayout& L = layouts[static_cast<size_t>(r)];
+    device::RankView& v = params.ranks[r];
+    uint8_t* base = rank_base[static_cast<size_t>(r)];
+    v.counters = protocol::carve_counters(L.geometry, reinterpret_cast<uint32_t*>(base + L.counters[set].offset),
+                                          abort, stall);
+    v.idle_counters = reinterpret_cast<uint32_t*>(base + L.counters[1 - set].offset);
+  }
+}
+
+void WorldState::zero_counters(int r, cudaStream_t stream) {
+  if (r == 0) MOK_CUDA_CHECK(cudaMemsetAsync(world_words, 0, kReportWordsBytes, stream));
+  const RankLayout& L = layouts[static_cast<size_t>(r)];
+  MOK_CUDA_CHECK(cudaMemsetAsync(rank_memory[static_cast<size_t>(r)] + L.counters[0].offset, 0,
+                                 protocol::counter_words(L.geometry) * sizeof(uint32_t), stream));
+}
+
+}  // namespace mok::world

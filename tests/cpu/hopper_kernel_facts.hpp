@@ -1,0 +1,23 @@
+// The facts of today's fused kernel, for CPU tests of the host side
+// (src/world/fused_kernel.cu reads the real ones from the device constants;
+// these tests only need a plausible kernel).
+#pragma once
+
+#include "world/kernel_facts.hpp"
+
+namespace mok::test_support {
+
+inline world::KernelFacts hopper_kernel_facts() {
+  world::KernelFacts k;
+  k.tile_m = 128;
+  k.schedule_warps_per_cta = 12;
+  k.max_top_k = 16;
+  k.max_hidden = 8192;
+  k.max_local_experts = 1024;
+  k.tensor_maps = 8;
+  k.tensor_map_bytes = 128;
+  k.tensor_map_alignment = 64;
+  return k;
+}
+
+}  // namespace mok::test_support

@@ -1,0 +1,164 @@
+// The fused forward's option checks and defaults (src/world/forward_options.hpp),
+// with no GPU: the GPUs come in as GpuFacts. Every refusal names its field
+// and says what is allowed; the ring's size is bounded so that the kernel's
+// 32-bit row arithmetic stays exact; fp8 is refused as not implemented yet,
+// here and by the CPU reference alike.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "hopper_kernel_facts.hpp"
+#include "mok/error.hpp"
+#include "mok/presets.hpp"
+#include "mok/reference.hpp"
+#include "mok/schedule.hpp"
+#include "mok/synthetic.hpp"
+#include "plan/sm_split.hpp"
+#include "world/forward_options.hpp"
+
+namespace {
+
+using mok::world::GpuFacts;
+using mok::world::KernelFacts;
+
+KernelFacts hopper_kernel() { return mok::test_support::hopper_kernel_facts(); }
+
+GpuFacts gpus(int count) {
+  GpuFacts g;
+  g.current_device = 0;
+  g.sm_count.assign(static_cast<size_t>(count), 132);
+  return g;
+}
+
+mok::FusedForwardOptions resolve(const mok::LayerConfig& config, const mok::FusedForwardOptions& options,
+                                 int gpu_count = 1) {
+  return mok::world::resolve_options(config, options, hopper_kernel(), gpus(gpu_count));
+}
+
+// Expects a mok::Error whose text contains every one of `says`.
+void expect_refused(const mok::LayerConfig& config, const mok::FusedForwardOptions& options,
+                    const std::vector<std::string>& says, int gpu_count = 1) {
+  try {
+    resolve(config, options, gpu_count);
+    ADD_FAILURE() << "accepted; expected an error saying " << says.front();
+  } catch (const mok::Error& e) {
+    for (const std::string& s : says) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+  }
+}
+
+const mok::LayerConfig kSmall = mok::make_config(mok::find_shape("small"), 2, 64);
+
+TEST(ForwardOptions, DefaultsSplitTheGpuBetweenRanksAndFeedTheGemms) {
+  const auto o = resolve(kSmall, {});
+  EXPECT_EQ(o.ctas_per_rank, 66);  // the virtual world's 2 ranks share one GPU's 132 SMs
+  EXPECT_EQ(o.comm_ctas_per_rank, mok::plan::default_dispatch_ctas(kSmall, 66));
+  EXPECT_FALSE(o.device_ordered);
+
+  mok::FusedForwardOptions peer;
+  peer.devices = {1, 0};
+  EXPECT_EQ(resolve(kSmall, peer, 2).ctas_per_rank, 132);  // a whole GPU per rank
+  EXPECT_EQ(mok::world::rank_devices(kSmall, peer, gpus(2)), (std::vector<int>{1, 0}));
+
+  mok::FusedForwardOptions process;
+  process.process_rank = 1;
+  const auto p = resolve(kSmall, process);
+  EXPECT_TRUE(p.device_ordered);  // no host orders the processes' GPUs
+  EXPECT_EQ(p.ctas_per_rank, 132);
+  EXPECT_EQ(mok::world::world_kind(p), mok::world::WorldKind::kProcess);
+}
+
+TEST(ForwardOptions, MinibatchRowsAreBoundedForThe32BitRowArithmetic) {
+  mok::FusedForwardOptions o;
+  o.ring_slots = 1;
+  o.minibatch_rows = 100;
+  expect_refused(kSmall, o, {"minibatch_rows = 100", "multiple of 128"});
+  o.minibatch_rows = mok::world::kMaxMinibatchRows;
+  EXPECT_NO_THROW(resolve(kSmall, o));
+  o.minibatch_rows = mok::world::kMaxMinibatchRows + 128;
+  expect_refused(kSmall, o, {"minibatch_rows = " + std::to_string(o.minibatch_rows), "<= 2^29", "32-bit"});
+  o.minibatch_rows = 2'147'483'520;  // the largest multiple of 128 in an int
+  expect_refused(kSmall, o, {"minibatch_rows", "<= 2^29"});
+}
+
+TEST(ForwardOptions, RingSlotsAreBoundedForThe32BitRingArithmetic) {
+  mok::FusedForwardOptions o;
+  o.minibatch_rows = 2048;
+  o.ring_slots = 0;
+  expect_refused(kSmall, o, {"ring_slots = 0", ">= 1"});
+  o.ring_slots = (1 << 30) / 2048;  // a ring of exactly 2^30 rows
+  EXPECT_NO_THROW(resolve(kSmall, o));
+  o.ring_slots += 1;
+  expect_refused(kSmall, o, {"ring_slots = " + std::to_string(o.ring_slots), "2^30", "32-bit"});
+  o.ring_slots = 1 << 30;  // ring_slots x minibatch_rows would wrap an int
+  expect_refused(kSmall, o, {"ring_slots", "2^30"});
+}
+
+TEST(ForwardOptions, Fp8IsRefusedAsNotImplementedYet) {
+  auto fp8 = kSmall;
+  fp8.dtype = mok::DType::kFP8E4M3;
+  EXPECT_NO_THROW(mok::validate(fp8));  // a config may describe it
+  expect_refused(fp8, {}, {"dtype = fp8-e4m3", "not implemented yet", "fused forward"});
+}
+
+TEST(ForwardOptions, TheCpuReferenceRefusesFp8InTheSameWords) {
+  // It computes bf16 math; it must not pass that off as an fp8 result.
+  const auto fp8 = mok::make_config(mok::find_shape("tiny"), 1, 8, mok::DType::kFP8E4M3);
+  const auto layer = mok::synthetic::make_layer(fp8, 1);
+  const auto routing = layer.routing();
+  const auto schedule = mok::build_schedule(fp8, routing, {128, 1});
+  try {
+    (void)mok::reference_forward(layer.inputs(), schedule, {});
+    ADD_FAILURE() << "the reference computed an fp8 config";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype = fp8-e4m3: not implemented yet in the CPU reference"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ForwardOptions, KernelLimitsAndTimeoutsNameTheirField) {
+  auto wide = kSmall;
+  wide.hidden = 8192 + 64;
+  expect_refused(wide, {}, {"hidden = 8256", "hidden <= 8192"});
+  mok::FusedForwardOptions o;
+  o.timeout_seconds = 9;
+  expect_refused(kSmall, o, {"timeout_seconds", "(0, 8]"});
+  o = {};
+  o.device_ordered = true;
+  o.barrier_timeout_seconds = 2;
+  o.timeout_seconds = 5;
+  expect_refused(kSmall, o, {"barrier_timeout_seconds", "must exceed timeout_seconds"});
+  o = {};
+  o.lookahead = 0;
+  expect_refused(kSmall, o, {"lookahead = 0"});
+  o = {};
+  o.trace_events = 10;
+  o.device_ordered = true;
+  expect_refused(kSmall, o, {"trace_events", "host-ordered"});
+  o = {};
+  o.ctas_per_rank = 100;  // 2 ranks x 100 > 132 SMs
+  expect_refused(kSmall, o, {"ctas_per_rank = 100", "132 SMs"});
+  o = {};
+  o.ctas_per_rank = 10;
+  o.comm_ctas_per_rank = 10;
+  expect_refused(kSmall, o, {"comm_ctas_per_rank = 10", "at least one GEMM CTA"});
+}
+
+TEST(ForwardOptions, WorldsAreCheckedAgainstTheVisibleGpus) {
+  mok::FusedForwardOptions o;
+  o.process_rank = 2;
+  expect_refused(kSmall, o, {"process_rank = 2", "[0, 2)"});
+  o.process_rank = 0;
+  o.devices = {0, 1};
+  expect_refused(kSmall, o, {"must be empty in a process world"}, 2);
+  o = {};
+  o.devices = {0};
+  expect_refused(kSmall, o, {"devices.size() = 1", "equal world_size"}, 2);
+  o.devices = {0, 0};
+  expect_refused(kSmall, o, {"devices[1] = 0", "one rank per GPU"}, 2);
+  o.devices = {0, 2};
+  expect_refused(kSmall, o, {"devices[1] = 2", "one of the 2 visible GPUs"}, 2);
+}
+
+}  // namespace

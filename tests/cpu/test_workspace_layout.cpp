@@ -1,0 +1,204 @@
+// The workspace layout of one rank (src/world/workspace_layout.hpp), with no
+// GPU: regions aligned, in bounds and disjoint, sized as the kernel reads
+// them; the fingerprint moves with every field that fixes the layout and
+// with nothing else; the 2^31-task bound refuses what it should.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hopper_kernel_facts.hpp"
+#include "mok/error.hpp"
+#include "mok/presets.hpp"
+#include "mok/row_source.hpp"
+#include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
+#include "world/workspace_layout.hpp"
+
+namespace {
+
+using mok::world::KernelFacts;
+using mok::world::Region;
+
+KernelFacts hopper_kernel() { return mok::test_support::hopper_kernel_facts(); }
+
+mok::FusedForwardOptions ring(int minibatch_rows, int ring_slots, int comm_ctas) {
+  mok::FusedForwardOptions o;
+  o.minibatch_rows = minibatch_rows;
+  o.ring_slots = ring_slots;
+  o.comm_ctas_per_rank = comm_ctas;
+  o.ctas_per_rank = 66;
+  return o;
+}
+
+void expect_aligned_disjoint_and_inside(const mok::world::RankLayout& layout) {
+  auto all = mok::world::regions(layout);
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.region.offset < b.region.offset; });
+  size_t end = 0;
+  for (const auto& named : all) {
+    SCOPED_TRACE(named.name);
+    EXPECT_EQ(named.region.offset % mok::world::kRegionAlignment, 0u);
+    EXPECT_GE(named.region.offset, end) << "overlaps the region before it";
+    end = named.region.end();
+  }
+  EXPECT_LE(end, layout.bytes);
+  EXPECT_EQ(layout.bytes % mok::world::kRegionAlignment, 0u);
+}
+
+TEST(WorkspaceLayout, RegionsAreAlignedDisjointAndInsideTheAllocation) {
+  for (const char* preset : {"tiny", "small", "medium", "deepseek-v3"}) {
+    for (bool staged : {false, true}) {
+      SCOPED_TRACE(testing::Message() << preset << (staged ? " staged" : ""));
+      const auto config = mok::make_config(mok::find_shape(preset), std::vector<int>{0, 1, 300, 4096});
+      for (int r = 0; r < config.world_size; ++r) {
+        expect_aligned_disjoint_and_inside(mok::world::rank_layout(config, ring(256, 3, 4), hopper_kernel(), r, staged));
+      }
+    }
+  }
+}
+
+TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
+  // small: H 256, I 128, 8 experts, top-2, one shared expert of width 128.
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37});
+  const KernelFacts kernel = hopper_kernel();
+  const auto L = mok::world::rank_layout(config, ring(256, 2, 3), kernel, 0, /*staged_inputs=*/true);
+  const size_t ring_rows = 512, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
+  EXPECT_EQ(L.ring_x.bytes, ring_rows * H * 2);
+  EXPECT_EQ(L.ring_h.bytes, ring_rows * I * 2);
+  EXPECT_EQ(L.combine.bytes, T * k * H * 2);
+  EXPECT_EQ(L.shared_h.bytes, 128 * S * 2);  // tokens rounded up to one tile
+  EXPECT_EQ(L.shared_out.bytes, T * H * 2);
+  EXPECT_EQ(L.expert_rows.bytes, El * 4);
+  EXPECT_EQ(L.expert_offset.bytes, (El + 1) * 4);
+  // Every entry of the world on this rank's experts, each expert padded.
+  EXPECT_EQ(L.row_capacity, (100 + 37) * 2 + 4 * 127);
+  EXPECT_EQ(L.rows.bytes, static_cast<size_t>(L.row_capacity) * sizeof(mok::RowSource));
+  EXPECT_EQ(L.schedule_hist.bytes, 3u * 12 * El * 4);
+  const size_t counter_bytes = mok::protocol::counter_words(L.geometry) * 4;
+  EXPECT_EQ(L.counters[0].bytes, counter_bytes);
+  EXPECT_EQ(L.counters[1].bytes, counter_bytes);
+  EXPECT_EQ(L.barrier.bytes, sizeof(mok::protocol::WorldBarrierWords));
+  EXPECT_EQ(L.maps.bytes, 8u * 128);
+  EXPECT_EQ(L.staged_x.bytes, T * H * 2);
+  EXPECT_EQ(L.staged_ids.bytes, T * k * 4);
+  // The counters are sized for this rank's own shared-expert tiles.
+  EXPECT_EQ(L.geometry.token_m_tiles, 1);
+  EXPECT_EQ(L.geometry.ring_tiles(), 4);
+
+  const auto unstaged = mok::world::rank_layout(config, ring(256, 2, 3), kernel, 0, /*staged_inputs=*/false);
+  EXPECT_EQ(unstaged.staged_x.bytes, 0u);
+  EXPECT_EQ(unstaged.staged_ids.bytes, 0u);
+  EXPECT_LT(unstaged.bytes, L.bytes);
+}
+
+TEST(WorkspaceLayout, TheRegionZeroedAtCreationHoldsBothCounterSetsAndTheBarrier) {
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 64);
+  const auto L = mok::world::rank_layout(config, ring(128, 1, 1), hopper_kernel(), 1, false);
+  const Region zeroed = mok::world::zeroed_at_creation(L);
+  for (const Region& r : {L.counters[0], L.counters[1], L.barrier}) {
+    EXPECT_GE(r.offset, zeroed.offset);
+    EXPECT_LE(r.end(), zeroed.end());
+  }
+  EXPECT_LE(zeroed.end(), L.maps.offset) << "the maps are written per pass, never zeroed";
+}
+
+TEST(WorkspaceLayout, FingerprintCoversEveryLayoutFieldAndNothingElse) {
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{64, 32});
+  const auto options = ring(256, 2, 3);
+  const KernelFacts kernel = hopper_kernel();
+  const uint64_t base = mok::world::layout_fingerprint(config, options, kernel);
+  EXPECT_EQ(base, mok::world::layout_fingerprint(config, options, kernel));
+
+  using ConfigChange = std::function<void(mok::LayerConfig&)>;
+  const std::vector<std::pair<const char*, ConfigChange>> config_changes = {
+      {"hidden", [](auto& c) { c.hidden += 64; }},
+      {"intermediate", [](auto& c) { c.intermediate += 64; }},
+      {"num_experts", [](auto& c) { c.num_experts += 2; }},
+      {"top_k", [](auto& c) { c.top_k += 1; }},
+      {"shared width", [](auto& c) { c.num_shared_experts += 1; }},
+      {"dtype", [](auto& c) { c.dtype = mok::DType::kFP8E4M3; }},
+      {"world_size", [](auto& c) { c.world_size = 1; c.tokens_per_rank = {96}; }},
+      {"tokens_per_rank", [](auto& c) { c.tokens_per_rank[1] += 1; }},
+      {"token split", [](auto& c) { c.tokens_per_rank = {32, 64}; }},
+  };
+  for (const auto& [what, change] : config_changes) {
+    auto changed = config;
+    change(changed);
+    EXPECT_NE(mok::world::layout_fingerprint(changed, options, kernel), base) << what;
+  }
+  using OptionChange = std::function<void(mok::FusedForwardOptions&)>;
+  const std::vector<std::pair<const char*, OptionChange>> covered = {
+      {"minibatch_rows", [](auto& o) { o.minibatch_rows = 384; }},
+      {"ring_slots", [](auto& o) { o.ring_slots = 3; }},
+      {"comm_ctas_per_rank", [](auto& o) { o.comm_ctas_per_rank = 4; }},
+  };
+  for (const auto& [what, change] : covered) {
+    auto changed = options;
+    change(changed);
+    EXPECT_NE(mok::world::layout_fingerprint(config, changed, kernel), base) << what;
+  }
+  const std::vector<std::pair<const char*, OptionChange>> not_covered = {
+      {"lookahead", [](auto& o) { o.lookahead = 3; }},
+      {"ctas_per_rank", [](auto& o) { o.ctas_per_rank = 33; }},
+      {"timeout_seconds", [](auto& o) { o.timeout_seconds = 1; }},
+      {"barrier_timeout_seconds", [](auto& o) { o.barrier_timeout_seconds = 10; }},
+      {"trace_events", [](auto& o) { o.trace_events = 100; }},
+      {"device_ordered", [](auto& o) { o.device_ordered = true; }},
+      {"process_rank", [](auto& o) { o.process_rank = 1; }},
+  };
+  for (const auto& [what, change] : not_covered) {
+    auto changed = options;
+    change(changed);
+    EXPECT_EQ(mok::world::layout_fingerprint(config, changed, kernel), base) << what;
+  }
+  // The same shared width from other expert counts: the same layout.
+  auto regrouped = config;
+  regrouped.num_shared_experts = 2;
+  regrouped.shared_intermediate = config.intermediate / 2;
+  ASSERT_EQ(regrouped.shared_width(), config.shared_width());
+  EXPECT_EQ(mok::world::layout_fingerprint(regrouped, options, kernel), base);
+
+  using KernelChange = std::function<void(KernelFacts&)>;
+  const std::vector<std::pair<const char*, KernelChange>> kernel_changes = {
+      {"tile_m", [](auto& k) { k.tile_m = 64; }},
+      {"schedule_warps_per_cta", [](auto& k) { k.schedule_warps_per_cta = 8; }},
+      {"tensor_maps", [](auto& k) { k.tensor_maps = 9; }},
+      {"tensor_map_bytes", [](auto& k) { k.tensor_map_bytes = 256; }},
+  };
+  for (const auto& [what, change] : kernel_changes) {
+    KernelFacts changed = kernel;
+    change(changed);
+    EXPECT_NE(mok::world::layout_fingerprint(config, options, changed), base) << what;
+  }
+}
+
+TEST(WorkspaceLayout, TaskBoundRefusesPassesThatCouldReach2To31Tasks) {
+  const KernelFacts kernel = hopper_kernel();
+  // Within the layer's own limit (tokens x top_k < 2^30 rows) it takes wide
+  // tiles: H 8192 and I 32768 give 32 + 256 n-tiles per m-tile, and 1.024e9
+  // rows make 8e6 m-tiles, 2.3e9 tasks.
+  const mok::LayerShape wide{"wide", 8192, 32768, 8, 8, 0, "test: over the task bound"};
+  const auto huge = mok::make_config(wide, 1, 128'000'000);
+  EXPECT_GT(mok::world::most_tasks_per_pass(huge, ring(2048, 4, 4), kernel), 0x7fffffffll);
+  try {
+    mok::world::require_task_bound(huge, ring(2048, 4, 4), kernel);
+    ADD_FAILURE() << "a pass of more than 2^31 GEMM tasks was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2^31"), std::string::npos) << e.what();
+  }
+  // A quarter of those tokens fits.
+  const auto big = mok::make_config(wide, 1, 32'000'000);
+  EXPECT_LT(mok::world::most_tasks_per_pass(big, ring(2048, 4, 4), kernel), 0x7fffffffll);
+  EXPECT_NO_THROW(mok::world::require_task_bound(big, ring(2048, 4, 4), kernel));
+
+  // The count itself: shared tasks of the largest rank plus routed tasks of
+  // the largest schedule.
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{300, 10});
+  const int64_t m_tiles = ((310 * 2 + 4 * 127) + 127) / 128;
+  const int64_t shared = 3 * (1 + 1);  // 3 token tiles x (128/128 gate/up + 256/256 down)
+  EXPECT_EQ(mok::world::most_tasks_per_pass(config, ring(256, 2, 1), kernel), shared + m_tiles * (1 + 1));
+}
+
+}  // namespace
