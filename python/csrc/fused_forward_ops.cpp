@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "forward_cache.hpp"
+#include "forward_tensors.hpp"
 #include "mok/fused_forward.hpp"
 #include "op_checks.hpp"
 #include "op_errors.hpp"
@@ -25,13 +26,8 @@ using mok::torch_ops::check_tensor;
 using mok::torch_ops::checked_int;
 using mok::torch_ops::expect;
 using mok::torch_ops::num;
-using mok::torch_ops::TensorSpec;
-
-const TensorSpec kActivations{at::kBFloat16, 2, /*aligned=*/true};
-const TensorSpec kExpertIds{at::kInt, 2};
-const TensorSpec kRoutingWeights{at::kFloat, 2};
-const TensorSpec kExpertWeights{at::kBFloat16, 3, /*aligned=*/true};
-const TensorSpec kSharedWeights{at::kBFloat16, 2, /*aligned=*/true};
+using mok::torch_ops::kActivations, mok::torch_ops::kExpertIds, mok::torch_ops::kRoutingWeights,
+    mok::torch_ops::kExpertWeights, mok::torch_ops::kSharedWeights;
 
 // The layer the arguments describe, once they are checked.
 struct ForwardCall {
@@ -85,7 +81,9 @@ ForwardCall check_arguments(at::TensorList x, at::TensorList expert_ids, at::Ten
     config.shared_intermediate = checked_int(S, "S (shared_w2.size(1))");
   }
   for (int64_t r = 0; r < R; ++r) {
-    const std::string at = "[" + num(r) + "]";
+    std::string at = "[";  // appended, not "[" + ... + "]": GCC 12 warns falsely (-Wrestrict) on that
+    at += num(r);
+    at += "]";
     check_tensor(x[r], "x" + at, kActivations, call.device);
     check_tensor(expert_ids[r], "expert_ids" + at, kExpertIds, call.device);
     check_tensor(weights[r], "weights" + at, kRoutingWeights, call.device);
@@ -128,17 +126,10 @@ std::vector<at::Tensor> fused_forward_cuda(at::TensorList x, at::TensorList expe
       check_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning);
   const c10::cuda::CUDAGuard guard(call.device);
   std::vector<at::Tensor> out = outputs_like(x);
-  std::vector<mok::RankTensors> tensors(x.size());
+  std::vector<mok::RankTensors> tensors;
   for (size_t r = 0; r < x.size(); ++r) {
-    mok::RankTensors& t = tensors[r];
-    t.x = x[r].data_ptr();
-    t.expert_ids = expert_ids[r].data_ptr<int32_t>();
-    t.weights = weights[r].data_ptr<float>();
-    t.out = out[r].data_ptr();
-    t.w13 = w13[r].data_ptr();
-    t.w2 = w2[r].data_ptr();
-    t.shared_w13 = call.has_shared ? shared_w13->data_ptr() : nullptr;
-    t.shared_w2 = call.has_shared ? shared_w2->data_ptr() : nullptr;
+    tensors.push_back(mok::torch_ops::rank_tensors(x[r], expert_ids[r], weights[r], w13[r], w2[r], shared_w13,
+                                                   shared_w2, call.has_shared, out[r]));
   }
   mok::torch_ops::raising_torch_errors([&] {
     auto cached = mok::torch_ops::cached_forward(call.key, call.config);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mok/fused_forward.hpp"
+#include "forward_tensors.hpp"
 #include "mok/layer_config.hpp"
 #include "op_checks.hpp"
 #include "op_errors.hpp"
@@ -31,7 +32,8 @@ using mok::torch_ops::checked_int;
 using mok::torch_ops::expect;
 using mok::torch_ops::num;
 using mok::torch_ops::raising_torch_errors;
-using mok::torch_ops::TensorSpec;
+using mok::torch_ops::kActivations, mok::torch_ops::kExpertIds, mok::torch_ops::kRoutingWeights,
+    mok::torch_ops::kExpertWeights, mok::torch_ops::kSharedWeights;
 
 // One rank's object and what its tensors must look like. `mutex` makes its
 // passes one at a time (run() reuses the workspace and host-side state).
@@ -107,12 +109,6 @@ void import_handles(int64_t id, const at::Tensor& handles) {
   raising_torch_errors([&] { world->forward->import_peers(list); });
 }
 
-const TensorSpec kActivations{at::kBFloat16, 2, /*aligned=*/true};
-const TensorSpec kExpertIds{at::kInt, 2};
-const TensorSpec kRoutingWeights{at::kFloat, 2};
-const TensorSpec kExpertWeights{at::kBFloat16, 3, /*aligned=*/true};
-const TensorSpec kSharedWeights{at::kBFloat16, 2, /*aligned=*/true};
-
 // This rank's tensors against the world it was made for; returns whether the
 // shared expert is given. `device` is the world's GPU (or meta, for fakes).
 bool check_arguments(const World& world, const at::Device& device, const at::Tensor& x,
@@ -154,15 +150,8 @@ at::Tensor run(int64_t id, const at::Tensor& x, const at::Tensor& expert_ids, co
   const bool has_shared = check_arguments(*world, device, x, expert_ids, weights, w13, w2, shared_w13, shared_w2);
   const c10::cuda::CUDAGuard guard(device);
   at::Tensor out = at::empty_like(x);
-  mok::RankTensors t;
-  t.x = x.data_ptr();
-  t.expert_ids = expert_ids.data_ptr<int32_t>();
-  t.weights = weights.data_ptr<float>();
-  t.out = out.data_ptr();
-  t.w13 = w13.data_ptr();
-  t.w2 = w2.data_ptr();
-  t.shared_w13 = has_shared ? shared_w13->data_ptr() : nullptr;
-  t.shared_w2 = has_shared ? shared_w2->data_ptr() : nullptr;
+  const mok::RankTensors t =
+      mok::torch_ops::rank_tensors(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, has_shared, out);
   raising_torch_errors([&] {
     auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
     const std::lock_guard<std::mutex> lock(world->mutex);

@@ -28,7 +28,7 @@ import torch
 
 from . import _library
 
-_library.load()
+LIBRARY_PATH = _library.load()  # where libmok_torch.so was found
 
 from . import autograd as _autograd  # noqa: E402
 from .options import TUNING_OPTIONS, tuning_list  # noqa: E402

@@ -3,11 +3,14 @@
 Where it is looked for, first found wins:
   1. inside this package (an installed package: `pip install .`);
   2. $MOK_LIB_DIR;
-  3. <repo>/build/python (an in-tree CMake build, python/ on sys.path).
+  3. <repo>/build/python (an in-tree CMake build, python/ on sys.path);
+  4. an installed mok distribution's (the in-tree package imported while a
+     `pip install .` of it exists elsewhere).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pathlib
 
@@ -23,6 +26,10 @@ def candidates() -> list[pathlib.Path]:
     if env:
         found.append(pathlib.Path(env) / LIB_NAME)
     found.append(here.parents[1] / "build" / "python" / LIB_NAME)
+    try:
+        found.append(pathlib.Path(str(importlib.metadata.distribution("mok").locate_file("mok/" + LIB_NAME))))
+    except importlib.metadata.PackageNotFoundError:
+        pass
     return found
 
 
