@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
+from mok.testing import split_world  # noqa: E402
 from bench_timing import event_ms  # noqa: E402
 
 
@@ -93,27 +94,14 @@ def torch_native(x, ids, w, w13, w2, sw13, sw2):
     return out.bfloat16()
 
 
-def split_world(R, x, ids, w, w13, w2):
-    T = x.shape[0]
-    E = w13.shape[0]
-    t, e = T // R, E // R
-    xs = [x[r * t:(r + 1) * t].contiguous() for r in range(R)]
-    idss = [ids[r * t:(r + 1) * t].contiguous() for r in range(R)]
-    ws = [w[r * t:(r + 1) * t].contiguous() for r in range(R)]
-    w13s = [w13[r * e:(r + 1) * e].contiguous() for r in range(R)]
-    w2s = [w2[r * e:(r + 1) * e].contiguous() for r in range(R)]
-    return xs, idss, ws, w13s, w2s
-
-
-def fused(R, layer, minibatch=0, slots=0, ctas=0, comm=0, lookahead=0, check=False):
-    """0: the library's default (FusedForwardOptions)."""
-    x, ids, w, w13, w2, sw13, sw2 = layer
-    xs, idss, ws, w13s, w2s = split_world(R, x, ids, w, w13, w2)
-    E = w13.shape[0]
+def fused(R, layer, check=False, **tuning):
+    """The fused forward of `layer` over a virtual world of R ranks; tuning:
+    mok.TUNING_OPTIONS by name (absent: the library's default)."""
+    xs, idss, ws, w13s, w2s, sw13, sw2 = split_world(layer, R)
+    E = layer[3].shape[0]
 
     def fn():
-        return torch.ops.mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, E, minibatch, slots, ctas, comm,
-                                           lookahead, check)
+        return mok.fused_forward(xs, idss, ws, w13s, w2s, sw13, sw2, num_experts=E, check_errors=check, **tuning)
     return fn
 
 
@@ -148,8 +136,8 @@ def main():
             layer = make_layer(T, H, I, E, k, shared)
             sweeps = [(f"R={R} virtual", dict(R=R)) for R in (2, 4, 8)]
             sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
-            sweeps += [(f"R=1 comm CTAs {c}", dict(comm=c)) for c in (2, 4, 11)]
-            sweeps += [(f"R=1 minibatch {mb}", dict(minibatch=mb)) for mb in (1024, 4096)]
+            sweeps += [(f"R=1 comm CTAs {c}", dict(comm_ctas_per_rank=c)) for c in (2, 4, 11)]
+            sweeps += [(f"R=1 minibatch {mb}", dict(minibatch_rows=mb)) for mb in (1024, 4096)]
             for cfg, kw in sweeps:
                 R = kw.pop("R", 1)
                 t_native, t = paired_ms(lambda: torch_native(*layer), fused(R, layer, **kw))

@@ -20,6 +20,13 @@ if(_mok_torch_prefix STREQUAL "" OR NOT MOK_ENABLE_CUDA)
   message(STATUS "mok: torch not found; the PyTorch extension is not built")
 else()
   list(APPEND CMAKE_PREFIX_PATH ${_mok_torch_prefix})
+  # Without it torch's CMake config runs a program on the build machine's GPU
+  # to pick architectures, which fails where there is none (a wheel built on
+  # a CPU machine). mok builds sm_90a only, and the extension has no CUDA
+  # sources of its own.
+  if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(ENV{TORCH_CUDA_ARCH_LIST} "9.0a")
+  endif()
   find_package(Torch REQUIRED)
   message(STATUS "mok: building the PyTorch extension against torch at ${_mok_torch_prefix}")
   add_subdirectory(python)

@@ -1,6 +1,7 @@
 """mok: deterministic MoE kernels for Hopper, as PyTorch custom ops.
 
-Importing this package loads libmok_torch.so, which registers:
+Importing this package loads libmok_torch.so (mok/_library.py says where it
+is looked for), which registers:
 
   torch.ops.mok.grouped_mm(a, b, group_offset, group_rows) -> out
       a [M, K] bf16, b [G, N, K] bf16 (nn.Linear layout), group_offset int32
@@ -10,42 +11,29 @@ Importing this package loads libmok_torch.so, which registers:
   torch.ops.mok.grouped_mm_swiglu(a, w13, group_offset, group_rows) -> out
       w13 [G, 2N, K]: rows [0, N) gate, [N, 2N) up. out [M, N] =
       silu(a @ gate^T) * (a @ up^T), fp32 math, one bf16 rounding.
-
   torch.ops.mok.fused_forward(x, expert_ids, weights, w13, w2, shared_w13,
-                              shared_w2, num_experts, ...) -> out
+                              shared_w2, num_experts, tuning, check_errors) -> out
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
 
-K and N must be multiples of 64. The library is searched in $MOK_LIB_DIR, then
-<repo>/build/python.
+Every op raises RuntimeError on bad input, before any work, naming the
+argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
+traces it; none has a backward yet (calling backward raises, see
+mok/autograd.py). K and N must be multiples of 64.
 """
 
 from __future__ import annotations
 
-import os
-import pathlib
-
 import torch
 
-_LIB_NAME = "libmok_torch.so"
+from . import _library
 
+LIBRARY_PATH = _library.load()  # where libmok_torch.so was found
 
-def _find_library() -> pathlib.Path:
-    candidates = []
-    env = os.environ.get("MOK_LIB_DIR")
-    if env:
-        candidates.append(pathlib.Path(env) / _LIB_NAME)
-    candidates.append(pathlib.Path(__file__).resolve().parents[2] / "build" / "python" / _LIB_NAME)
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise ImportError(
-        "mok: cannot find " + _LIB_NAME + " (looked in: " + ", ".join(str(p) for p in candidates)
-        + "); build it with `cmake --preset default -DMOK_TORCH=ON && cmake --build --preset default`"
-        " or set MOK_LIB_DIR")
+from . import autograd as _autograd  # noqa: E402
+from .options import TUNING_OPTIONS, tuning_list  # noqa: E402
 
-
-torch.ops.load_library(str(_find_library()))
+_autograd.register()
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
@@ -61,27 +49,28 @@ def grouped_mm_swiglu(a: torch.Tensor, w13: torch.Tensor, group_offset: torch.Te
 
 
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                  num_experts: int, minibatch_rows: int = 0, ring_slots: int = 0,
-                  ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0, lookahead: int = 0,
-                  check_errors: bool = False):
+                  num_experts: int, check_errors: bool = False, **tuning):
     """The fused MoE layer forward (one persistent kernel).
 
     Lists hold one tensor per rank of a virtual world on one GPU (R = len(x)):
     x[r] [T_r, H] bf16, expert_ids[r] [T_r, k] int32 (global ids),
     weights[r] [T_r, k] fp32, w13[r] [E/R, 2I, H] bf16 (gate rows, then up),
     w2[r] [E/R, H, I] bf16; shared_w13 [2S, H] and shared_w2 [H, S] bf16, or
-    None. Returns [out[r] [T_r, H] bf16]. Results are bitwise identical for
-    any R, minibatch, ring size or SM split. check_errors=True synchronises
-    and raises on a stalled pass or a bad expert id (rank, token, slot named).
-    The tuning options are FusedForwardOptions (include/mok/fused_forward.hpp);
-    0 keeps the library's default, or its automatic choice for the CTA counts.
+    None. Every tensor contiguous, the bf16 ones 16-byte aligned. Returns
+    [out[r] [T_r, H] bf16]. Results are bitwise identical for any R,
+    minibatch, ring size or SM split. check_errors=True synchronises and
+    raises on a stalled pass or a bad expert id (rank, token, slot named).
+
+    Keyword tuning options (mok.TUNING_OPTIONS, 0 or absent = the library's
+    default): minibatch_rows, ring_slots, lookahead, ctas_per_rank,
+    comm_ctas_per_rank; FusedForwardOptions in include/mok/fused_forward.hpp
+    says what each does. One FusedForward object (workspace and all) is
+    cached per layer shape, device and tuning; the least recently used of
+    more than torch.ops.mok.forward_cache_info()[1] is freed.
     """
-    out = torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
-                                      shared_w13, shared_w2, num_experts, minibatch_rows, ring_slots,
-                                      ctas_per_rank, comm_ctas_per_rank, lookahead, check_errors)
-    if not out:  # the op reports errors through last_error(), never by a C++ exception
-        raise RuntimeError(torch.ops.mok.last_error())
-    return out
+    return torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
+                                       shared_w13, shared_w2, num_experts, tuning_list(tuning),
+                                       check_errors)
 
 
 def layout_from_counts(counts, tile_rows: int = 1, device=None):
@@ -94,4 +83,4 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["fused_forward", "grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]
+__all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]

@@ -29,7 +29,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import mok  # noqa: F401  (loads libmok_torch.so, which registers the ops)
+from .options import tuning_list  # importing mok loads libmok_torch.so (the ops)
 
 # NVLink multicast (NVLS) must stay off on shared machines: it can take a
 # node's GPUs out of service. mok never uses it; these keep NCCL, torch's
@@ -46,9 +46,14 @@ def apply_no_multicast_env() -> None:
     os.environ.update(NO_MULTICAST_ENV)
 
 
-def _raise_if(failed: bool) -> None:
-    if failed:
-        raise RuntimeError(torch.ops.mok.process_world_error())
+def _error_of(step) -> str | None:
+    """None if step() succeeds, else its error message (a RuntimeError from
+    the op; other exceptions propagate)."""
+    try:
+        step()
+        return None
+    except RuntimeError as e:
+        return str(e)
 
 
 class FusedMoEWorld:
@@ -59,15 +64,14 @@ class FusedMoEWorld:
     every rank, the same list on every rank. num_experts: E for the whole
     world (a multiple of the group size). shared_intermediate: S of the shared
     expert, 0 for none. device: this rank's GPU (default: the current one).
-    The other arguments are FusedForwardOptions (include/mok/fused_forward.hpp);
-    0 keeps the library's default (the automatic choice for the CTA counts).
+    The keyword tuning options are mok.TUNING_OPTIONS, as for
+    mok.fused_forward; timeout_seconds and barrier_timeout_seconds are
+    FusedForwardOptions (include/mok/fused_forward.hpp).
     """
 
     def __init__(self, group, tokens_per_rank, hidden: int, intermediate: int, num_experts: int,
-                 top_k: int, shared_intermediate: int = 0, *, minibatch_rows: int = 0,
-                 ring_slots: int = 0, ctas_per_rank: int = 0, comm_ctas_per_rank: int = 0,
-                 lookahead: int = 0, timeout_seconds: float = 5.0,
-                 barrier_timeout_seconds: float = 60.0, device=None):
+                 top_k: int, shared_intermediate: int = 0, *, timeout_seconds: float = 5.0,
+                 barrier_timeout_seconds: float = 60.0, device=None, **tuning):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -78,11 +82,15 @@ class FusedMoEWorld:
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else torch.device(device).index)
         self._on_gpu = dist.get_backend(self.group) == "nccl"  # NCCL moves CUDA tensors, gloo CPU ones
-        self._id = torch.ops.mok.process_world_create(
-            self.rank, self.tokens_per_rank, hidden, intermediate, num_experts, top_k,
-            shared_intermediate, minibatch_rows, ring_slots, ctas_per_rank, comm_ctas_per_rank,
-            lookahead, float(timeout_seconds), float(barrier_timeout_seconds), self.device.index)
-        error = None if self._id != 0 else torch.ops.mok.process_world_error()
+        tuning_values = tuning_list(tuning)  # unknown names raise here, on every rank alike
+        self._id = 0
+
+        def create():
+            self._id = torch.ops.mok.process_world_create(
+                self.rank, self.tokens_per_rank, hidden, intermediate, num_experts, top_k,
+                shared_intermediate, tuning_values, float(timeout_seconds),
+                float(barrier_timeout_seconds), self.device.index)
+        error = _error_of(create)
         # Every step below is collective: a rank that failed tells the others,
         # so that every rank raises instead of some waiting forever.
         self._agree(error)
@@ -105,16 +113,16 @@ class FusedMoEWorld:
             raise RuntimeError(error if error is not None else "mok: another rank of the process world failed")
 
     def _exchange_handles(self) -> None:
-        mine = torch.ops.mok.process_world_export(self._id)
-        self._agree(torch.ops.mok.process_world_error() if mine.numel() == 0 else None)
+        exported = []
+        self._agree(_error_of(lambda: exported.append(torch.ops.mok.process_world_export(self._id))))
+        mine = exported[0]
         local = mine.to(self.device) if self._on_gpu else mine
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local, group=self.group)
         handles = torch.stack([h.cpu() for h in gathered])
-        imported = torch.ops.mok.process_world_import(self._id, handles)
         # Nobody may launch a pass before every rank has mapped its peers (a
         # pass writes into every peer's memory): the agreement is the barrier.
-        self._agree(None if imported else torch.ops.mok.process_world_error())
+        self._agree(_error_of(lambda: torch.ops.mok.process_world_import(self._id, handles)))
 
     def forward(self, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                 check_errors: bool = False):
@@ -129,10 +137,8 @@ class FusedMoEWorld:
         """
         if self._id == 0:
             raise RuntimeError("mok: this FusedMoEWorld is closed")
-        out = torch.ops.mok.process_world_run(self._id, x, expert_ids, weights, w13, w2,
-                                              shared_w13, shared_w2, check_errors)
-        _raise_if(not out)
-        return out[0]
+        return torch.ops.mok.process_world_run(self._id, x, expert_ids, weights, w13, w2,
+                                               shared_w13, shared_w2, check_errors)
 
     __call__ = forward
 
@@ -140,17 +146,15 @@ class FusedMoEWorld:
         """Collective: unmaps the peers, waits for every rank, frees this rank's memory."""
         if self._id == 0:
             return
-        closed = torch.ops.mok.process_world_close_peers(self._id)
-        error = None if closed else torch.ops.mok.process_world_error()
+        error = _error_of(lambda: torch.ops.mok.process_world_close_peers(self._id))
         try:
             if self.world_size > 1:
                 dist.barrier(group=self.group)  # nobody frees memory a peer still maps
         finally:
-            destroyed = torch.ops.mok.process_world_destroy(self._id)
-            self._id = 0
+            world_id, self._id = self._id, 0
+            torch.ops.mok.process_world_destroy(world_id)
         if error is not None:
             raise RuntimeError(error)
-        _raise_if(not destroyed)
 
 
 __all__ = ["FusedMoEWorld", "NO_MULTICAST_ENV", "apply_no_multicast_env"]

@@ -1,8 +1,9 @@
 """Random layers for checking a world of ranks against the virtual world: the
 whole world's batch and experts, built from a seed on the CPU so that every
-process of a world builds the same one, and the share of one rank.
+process of a world builds the same one; the share of one rank; and the split
+of a layer into the per-rank lists that mok.fused_forward takes.
 
-Used by python/tests/test_process_world.py and tools/torchrun_forward.py.
+Used by python/tests, bench/bench_fused_forward.py and tools/torchrun_forward.py.
 """
 
 from __future__ import annotations
@@ -42,3 +43,12 @@ def rank_slice(layer, rank, world, device=None):
         return move(a[rank * n:(rank + 1) * n].contiguous())
 
     return part(x, t), part(ids, t), part(w, t), part(w13, e), part(w2, e), move(sw13), move(sw2)
+
+
+def split_world(layer, world, device=None):
+    """The per-rank lists (x, expert_ids, weights, w13, w2) of `layer` split
+    over a virtual world of `world` ranks, plus the shared expert's
+    (shared_w13, shared_w2): the arguments of mok.fused_forward, in order."""
+    parts = [rank_slice(layer, r, world, device) for r in range(world)]
+    lists = tuple([p[i] for p in parts] for i in range(5))
+    return lists + (parts[0][5], parts[0][6])

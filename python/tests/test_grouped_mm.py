@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+from conftest import skip_without_hopper  # noqa: E402
+
+skip_without_hopper()
 
 import mok  # noqa: E402
 

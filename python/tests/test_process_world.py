@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+from conftest import skip_without_hopper  # noqa: E402
+
+skip_without_hopper()
 
 import mok  # noqa: E402
 from mok.distributed import FusedMoEWorld, apply_no_multicast_env  # noqa: E402
