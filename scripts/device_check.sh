@@ -7,10 +7,10 @@
 # alternating rounds (baseline, this build, baseline, ...) on the presets.
 # Logs go to $OUT (or ./out); the summary is printed last.
 #
-#   scripts/device_check.sh [tests] [sanitize] [compare]
-#   MOK_BASELINE_CLI=path/to/mok_cli   the baseline for 'compare'
-#   MOK_SANITIZE='Filter*'             GPU tests for 'sanitize' (gtest filter)
-#   MOK_ROUNDS=4                       alternations per preset for 'compare'
+#   scripts/device_check.sh [tests] [memcheck] [racecheck] [bits] [speed]
+#   MOK_BASELINE_CLI=path/to/mok_cli   the baseline for 'bits' and 'speed'
+#   MOK_SANITIZE='Filter*'             GPU tests for memcheck / racecheck (gtest filter)
+#   MOK_ROUNDS=3                       alternations per preset for 'speed'
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -40,16 +40,16 @@ if [[ $steps == *" tests "* ]]; then
   fi
 fi
 
-if [[ $steps == *" sanitize "* ]] && [ -n "${MOK_SANITIZE:-}" ]; then
-  for tool in memcheck racecheck; do
-    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/mok_gpu_tests --gtest_color=no \
+for tool in memcheck racecheck; do
+  if [[ $steps == *" $tool "* ]] && [ -n "${MOK_SANITIZE:-}" ]; then
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/mok_gpu_tests --gtest_color=no \
       --gtest_filter="$MOK_SANITIZE" >"$OUT/$tool.log" 2>&1
     summary+=("$tool rc=$? on '$MOK_SANITIZE': $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)")
-  done
-fi
+  fi
+done
 
-if [[ $steps == *" compare "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
-  new=build/tools/mok_cli
+new=build/tools/mok_cli
+if [[ $steps == *" bits "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
   bits() { "$1" --iterations 2 "${@:2}" 2>&1 | grep -o "fnv1a64 [0-9a-f]*" | head -1; }
   mismatches=0
   while read -r args; do
@@ -67,16 +67,15 @@ if [[ $steps == *" compare "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
 --preset no-shared --world 2 --tokens 999 --comm-ctas 3
 --preset medium --world 8 --tokens 512 --ring-slots 2
 --preset deepseek-v3-ep8-slice
---preset deepseek-v3-ep8-slice --routing skewed
---preset glm-4.5-ep8-slice
---preset qwen3-235b-ep8-slice
---preset deepseek-v3-ep8-slice --world 4 --tokens 1024
+--preset qwen3-235b-ep8-slice --routing skewed
 LIST
   summary+=("bits: $mismatches mismatches against the baseline (bits.log)")
-  ms() { "$1" --iterations 50 "${@:2}" 2>&1 | sed -n 's/.*fused forward: \([0-9.]*\) ms.*/\1/p' | head -1; }
-  for preset in deepseek-v3-ep8-slice glm-4.5-ep8-slice qwen3-235b-ep8-slice "deepseek-v3-ep8-slice --routing skewed"; do
+fi
+if [[ $steps == *" speed "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
+  ms() { "$1" --iterations 40 "${@:2}" 2>&1 | sed -n 's/.*fused forward: \([0-9.]*\) ms.*/\1/p' | head -1; }
+  for preset in ${MOK_PRESETS:-deepseek-v3-ep8-slice glm-4.5-ep8-slice qwen3-235b-ep8-slice}; do
     base=(); mine=()
-    for ((i = 0; i < ${MOK_ROUNDS:-4}; i++)); do
+    for ((i = 0; i < ${MOK_ROUNDS:-3}; i++)); do
       base+=("$(ms "$MOK_BASELINE_CLI" --preset $preset)"); mine+=("$(ms "$new" --preset $preset)")
     done
     line=$(python3 - "${base[*]}" "${mine[*]}" <<'PY'
