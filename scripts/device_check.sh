@@ -72,21 +72,28 @@ LIST
   summary+=("bits: $mismatches mismatches against the baseline (bits.log)")
 fi
 if [[ $steps == *" speed "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
-  ms() { "$1" --iterations 40 "${@:2}" 2>&1 | sed -n 's/.*fused forward: \([0-9.]*\) ms.*/\1/p' | head -1; }
+  # Each run prints the median of passes timed alone and the mean of passes
+  # enqueued back to back; both are compared, baseline and this build in
+  # alternating runs on the same synthetic data.
+  times() { "$1" --iterations 40 "${@:2}" 2>&1 | sed -n 's/.*fused forward: \([0-9.]*\) ms.*back to back \([0-9.]*\) ms.*/\1 \2/p' | head -1; }
   for preset in ${MOK_PRESETS:-deepseek-v3-ep8-slice glm-4.5-ep8-slice qwen3-235b-ep8-slice}; do
     base=(); mine=()
     for ((i = 0; i < ${MOK_ROUNDS:-3}; i++)); do
-      base+=("$(ms "$MOK_BASELINE_CLI" --preset $preset)"); mine+=("$(ms "$new" --preset $preset)")
+      base+=("$(times "$MOK_BASELINE_CLI" --preset $preset)"); mine+=("$(times "$new" --preset $preset)")
     done
-    line=$(python3 - "${base[*]}" "${mine[*]}" <<'PY'
+    line=$(python3 - "$(printf '%s;' "${base[@]}")" "$(printf '%s;' "${mine[@]}")" <<'PY'
 import statistics, sys
-b = [float(v) for v in sys.argv[1].split()]; m = [float(v) for v in sys.argv[2].split()]
-print(f"baseline {statistics.median(b):.3f} ms, this build {statistics.median(m):.3f} ms, "
-      f"speed ratio {statistics.median(b) / statistics.median(m):.4f} (rounds: {b} / {m})")
+def runs(arg): return [tuple(map(float, r.split())) for r in arg.split(';') if r.strip()]
+b, m = runs(sys.argv[1]), runs(sys.argv[2])
+out = []
+for i, name in enumerate(("alone", "back to back")):
+    bm, mm = statistics.median(r[i] for r in b), statistics.median(r[i] for r in m)
+    out.append(f"{name}: baseline {bm:.3f} ms, this build {mm:.3f} ms, speed ratio {bm / mm:.4f}")
+print("; ".join(out) + f" (runs {b} / {m})")
 PY
 )
     echo "speed $preset: $line" | tee -a "$OUT/speed.log"
-    summary+=("speed $preset: ${line%% (rounds*}")
+    summary+=("speed $preset: ${line%% (runs*}")
   done
 fi
 
