@@ -4,6 +4,7 @@
 // synthetic data, times it and, where the CPU can afford it, checks it against
 // the CPU reference. Without one it says so and runs the CPU reference
 // (forward, optionally backward). Every phase prints its time.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,7 +24,6 @@
 #if defined(MOK_HAVE_CUDA)
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <memory>
 
 #include "common/cuda_check.hpp"
@@ -77,11 +77,14 @@ void print_usage() {
       "  --iterations N         timed GPU runs (default 20)\n"
       "  --minibatch-rows N     fused forward minibatch (default %d)\n"
       "  --ring-slots N         fused forward ring slots (default %d)\n"
-      "  --comm-ctas N          dispatch CTAs per rank (default: automatic)\n"
       "  --lookahead N          gate/up minibatches ahead of the down tasks (default %d)\n"
+      "  --ctas-per-rank N      SMs per rank (default: all SMs / R)\n"
+      "  --comm-ctas-per-rank N dispatch CTAs per rank (default: from the layer's bytes per FLOP;\n"
+      "                         --comm-ctas is the same)\n"
       "  --trace FILE           also trace one pass: print where its time went, write its events (CSV)\n"
       "  --compare SET          also time the fused forward with SET, a comma-separated list of\n"
-      "                         minibatch-rows=N, ring-slots=N, comm-ctas=N, lookahead=N, against\n"
+      "                         minibatch-rows=N, ring-slots=N, lookahead=N, ctas-per-rank=N,\n"
+      "                         comm-ctas-per-rank=N (or comm-ctas=N), against\n"
       "                         the options above, alternating in one process on the same data\n"
       "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
       "  --rounds N             alternations for --compare (default 3)\n"
@@ -97,13 +100,20 @@ std::vector<int> parse_list(const std::string& text) {
   return values;
 }
 
-// The fused forward's tuning option named `key` (the CLI's flag without its
-// dashes, the name --compare takes too); null for an unknown key.
+// The fused forward's tuning option named `key`: a field of
+// MOK_FOR_EACH_TUNING_OPTION with dashes for underscores (the CLI's flag
+// without its leading dashes, the name --compare takes too), or comm-ctas,
+// the older name of comm-ctas-per-rank; null for an unknown key.
 int* tuning_option(mok::FusedForwardOptions& options, const std::string& key) {
-  if (key == "minibatch-rows") return &options.minibatch_rows;
-  if (key == "ring-slots") return &options.ring_slots;
   if (key == "comm-ctas") return &options.comm_ctas_per_rank;
-  if (key == "lookahead") return &options.lookahead;
+  auto dashed = [](std::string name) {
+    std::replace(name.begin(), name.end(), '_', '-');
+    return name;
+  };
+#define MOK_OPTION_FIELD(name) \
+  if (key == dashed(#name)) return &options.name;
+  MOK_FOR_EACH_TUNING_OPTION(MOK_OPTION_FIELD)
+#undef MOK_OPTION_FIELD
   return nullptr;
 }
 

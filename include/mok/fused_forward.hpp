@@ -37,6 +37,17 @@ struct CUstream_st;
 
 namespace mok {
 
+// The options a caller tunes per shape: int fields of FusedForwardOptions,
+// X(name) each. mok_cli (as --name with dashes, and in --compare sets) and
+// the torch ops (keyword arguments, and the op cache's key) walk this one
+// list, so an option added here reaches all of them at once.
+#define MOK_FOR_EACH_TUNING_OPTION(X) \
+  X(minibatch_rows)                   \
+  X(ring_slots)                       \
+  X(lookahead)                        \
+  X(ctas_per_rank)                    \
+  X(comm_ctas_per_rank)
+
 struct FusedForwardOptions {
   int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128 (2048: 1.2-3.3% faster than 1024
                               // on the DeepSeek-V3, GLM-4.5 and Qwen3 slices, docs/perf-notes.md f7)

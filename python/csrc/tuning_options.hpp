@@ -1,5 +1,4 @@
-// The fused forward's tuning options as the torch ops take them: the one list
-// of their names. The ops take them as one `int[] tuning` argument in this
+// The fused forward's tuning options as the torch ops take them. The ops take them as one `int[] tuning` argument in this
 // order; torch.ops.mok.tuning_option_names() hands the names to python/mok,
 // which builds the list from keyword arguments; the op cache keys on the whole
 // list. So an option added here reaches the Python keyword, the op and the
@@ -17,15 +16,9 @@
 
 namespace mok::torch_ops {
 
-// X(name): a field of FusedForwardOptions of type int. 0 keeps the library's
-// default (for the CTA counts, 0 already means "automatic"), so that no
-// default is written twice.
-#define MOK_FOR_EACH_TUNING_OPTION(X) \
-  X(minibatch_rows)                   \
-  X(ring_slots)                       \
-  X(lookahead)                        \
-  X(ctas_per_rank)                    \
-  X(comm_ctas_per_rank)
+// The list is include/mok/fused_forward.hpp's MOK_FOR_EACH_TUNING_OPTION.
+// Here 0 keeps the library's default (for the CTA counts, 0 already means
+// "automatic"), so that no default is written twice.
 
 #define MOK_COUNT_ONE(name) +1
 inline constexpr size_t kTuningOptionCount = 0 MOK_FOR_EACH_TUNING_OPTION(MOK_COUNT_ONE);

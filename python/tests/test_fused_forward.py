@@ -86,6 +86,15 @@ def test_rejects_bad_input_before_launch():
         mok.fused_forward([x], [bad], [w], [w13], [w2], sw13, sw2, num_experts=E, check_errors=True)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_router_weights_are_errors_naming_the_entry(value):
+    x, ids, w, w13, w2, sw13, sw2 = _layer(64, 9)
+    w = w.clone()
+    w[5, 1] = value
+    with pytest.raises(RuntimeError, match="rank 0, token 5, slot 1: routing weight .* is not finite"):
+        mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, check_errors=True)
+
+
 def test_rejects_a_misaligned_operand():
     x, ids, w, w13, w2, sw13, sw2 = _layer(64, 4)
     # One bf16 element in: contiguous, but 2 bytes past a 16-byte boundary.

@@ -1,7 +1,8 @@
 #include "mok/layer_config.hpp"
 
+#include <algorithm>
 #include <numeric>
-#include <sstream>
+#include <string>
 
 #include "mok/error.hpp"
 
@@ -58,14 +59,17 @@ void validate(const LayerConfig& c) {
           "must be bf16 or fp8-e4m3");
 }
 
+// Built with std::to_string, not an ostream: this also runs inside the torch
+// extension, where formatting an integer through an ostream once crashed
+// (docs/perf-notes.md, "torch extension").
 std::string describe(const LayerConfig& c) {
-  std::ostringstream s;
-  s << "H=" << c.hidden << " I=" << c.intermediate << " E=" << c.num_experts << " top_k=" << c.top_k
-    << " shared=" << c.num_shared_experts << "x" << (c.shared_width() / std::max(1, c.num_shared_experts))
-    << " R=" << c.world_size << " T=[";
-  for (size_t r = 0; r < c.tokens_per_rank.size(); ++r) s << (r ? "," : "") << c.tokens_per_rank[r];
-  s << "] dtype=" << dtype_name(c.dtype);
-  return s.str();
+  using std::to_string;
+  std::string s = "H=" + to_string(c.hidden) + " I=" + to_string(c.intermediate) + " E=" + to_string(c.num_experts) +
+                  " top_k=" + to_string(c.top_k) + " shared=" + to_string(c.num_shared_experts) + "x" +
+                  to_string(c.shared_width() / std::max(1, c.num_shared_experts)) + " R=" + to_string(c.world_size) +
+                  " T=[";
+  for (size_t r = 0; r < c.tokens_per_rank.size(); ++r) s += (r ? "," : "") + to_string(c.tokens_per_rank[r]);
+  return s + "] dtype=" + dtype_name(c.dtype);
 }
 
 }  // namespace mok

@@ -36,6 +36,7 @@ enum class CounterId : uint32_t {
   kWorldStarted = 11,   // world_barrier.hpp: a rank waited for a peer to start the pass
   kWorldFinished = 12,  // world_barrier.hpp: a rank waited for a peer to finish the pass
   kScheduleScanned = 13,
+  kBadWeight = 14,  // not a counter: a routing weight that is NaN or infinite
 };
 
 inline const char* counter_name(CounterId id) {
@@ -51,6 +52,7 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleCounted: return "schedule_counted";
     case CounterId::kScheduleFilled: return "schedule_filled";
     case CounterId::kBadRouting: return "bad routing entry";
+    case CounterId::kBadWeight: return "non-finite routing weight";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";
@@ -260,19 +262,22 @@ MOK_HD bool wait_schedule_filled(Sync& s, const Counters& c, int32_t schedule_wa
                        rank, rank, 0);
 }
 
-// A routing entry that names no expert, or one the token already named:
-// recorded like a stall (first report wins) and the pass aborts, so that no
-// (token, slot) is ever silently dropped.
+// A routing entry that names no expert, or one the token already named
+// (kBadRouting, observed = the id), or whose weight is NaN or infinite
+// (kBadWeight, observed = the weight's bits): recorded like a stall (first
+// report wins) and the pass aborts, so that no (token, slot) is ever silently
+// dropped or poisons its token's output.
 MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Counters>
-MOK_HD void report_bad_routing(Sync& s, const Counters& c, int32_t rank, int32_t entry, int32_t expert) {
+MOK_HD void report_bad_entry(Sync& s, const Counters& c, CounterId why, int32_t rank, int32_t entry,
+                             uint32_t observed) {
   StallReport* report = c.stall;
-  if (s.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(CounterId::kBadRouting))) {
+  if (s.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(why))) {
     report->waiter = rank;
     report->owner = rank;
     report->index = entry;
     report->target = 0;
-    report->observed = static_cast<uint32_t>(expert);
+    report->observed = observed;
   }
   s.store_release(c.abort, 1u);
 }

@@ -40,6 +40,14 @@ void throw_if_barrier_broke(WorldState& s) {
 
 [[noreturn]] void throw_report(const WorldState& s, const protocol::StallReport& report) {
   const auto id = static_cast<protocol::CounterId>(report.counter);
+  if (id == protocol::CounterId::kBadWeight) {
+    const int k = s.config.top_k;
+    float weight;
+    std::memcpy(&weight, &report.observed, sizeof(weight));
+    throw Error("fused forward: rank " + to_string(report.waiter) + ", token " + to_string(report.index / k) +
+                ", slot " + to_string(report.index % k) + ": routing weight " + to_string(weight) +
+                " is not finite (NaN and infinite weights are refused)");
+  }
   if (id == protocol::CounterId::kBadRouting) {
     const int k = s.config.top_k;
     throw Error("fused forward: rank " + to_string(report.waiter) + ", token " + to_string(report.index / k) +

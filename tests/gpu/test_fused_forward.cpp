@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -284,6 +285,36 @@ TEST(FusedForward, BadExpertIdsAreErrorsNamingRankTokenAndSlot) {
   }
   // The same object runs a good batch afterwards.
   const auto layer = mok::synthetic::make_layer(config, 2);
+  DeviceLayer good(layer);
+  good.poison_outputs();
+  forward.run(good.tensors());
+  EXPECT_NO_THROW(forward.check());
+  expect_close_to_reference(good.download_outputs(), reference_out(layer));
+}
+
+TEST(FusedForward, NonFiniteRoutingWeightsAreErrorsNamingRankTokenAndSlot) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 16);
+  mok::FusedForward forward(config, small_ring(128, 1));
+  struct Bad { int rank; int token; int slot; float weight; const char* says; };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Bad& bad : {Bad{0, 0, 0, std::nanf(""), "rank 0, token 0, slot 0: routing weight"},
+                         Bad{1, 7, 1, inf, "rank 1, token 7, slot 1: routing weight"},
+                         Bad{1, 15, 0, -inf, "rank 1, token 15, slot 0: routing weight"}}) {
+    auto layer = mok::synthetic::make_layer(config, 3);
+    layer.weights[bad.rank][bad.token * config.top_k + bad.slot] = bad.weight;
+    DeviceLayer device(layer);
+    forward.run(device.tensors());
+    try {
+      forward.check();
+      ADD_FAILURE() << "no error for " << bad.says;
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+    }
+  }
+  // The same object runs a good batch afterwards.
+  const auto layer = mok::synthetic::make_layer(config, 3);
   DeviceLayer good(layer);
   good.poison_outputs();
   forward.run(good.tensors());

@@ -10,8 +10,9 @@
 //
 //   1. count    each warp histograms its chunk's local experts (shared-memory
 //               atomics) into hist[chunk][expert]; it also validates a share
-//               of this rank's own entries (range, duplicates), so nothing is
-//               ever silently dropped.                -> schedule_counted (W)
+//               of this rank's own entries (range, duplicates, finite
+//               weights), so nothing is ever silently dropped or poisoned.
+//                                                     -> schedule_counted (W)
 //   2. scan     warp w, for its experts e = w, w + W, ...: exclusive scan of
 //               hist[.][e] over the chunks, in place, and the expert's total.
 //                                                     -> schedule_scanned (El)
@@ -43,7 +44,9 @@ struct ScheduleShared {
   int32_t per_warp[kScheduleWarpsPerCta][kMaxScheduleExperts];
 };
 
-// This rank's own entries: every id in [0, E) and distinct within its token.
+// This rank's own entries: every id in [0, E) and distinct within its token,
+// every weight finite (a NaN or infinite weight would poison the token's
+// output in the combine; the CPU path refuses it too).
 // A round covers 32 / k whole tokens (lane = token * k + slot), and a warp
 // issues kScheduleBatch rounds' loads together: validating is a stream of
 // loads, not one memory latency per token.
@@ -59,10 +62,12 @@ __device__ __forceinline__ bool validate_own_routing(RoleContext<kScope>& ctx, i
   const int64_t entries = static_cast<int64_t>(v.tokens) * k;
   for (int t0 = warp * per_round * kScheduleBatch; t0 < v.tokens; t0 += warps * per_round * kScheduleBatch) {
     int32_t ids[kScheduleBatch];
+    float weights[kScheduleBatch];
 #pragma unroll
     for (int b = 0; b < kScheduleBatch; ++b) {
       const int64_t n = static_cast<int64_t>(t0 + b * per_round + group) * k + slot;
       ids[b] = in_group && n < entries ? __ldg(&v.ids[n]) : 0;
+      weights[b] = in_group && n < entries ? __ldg(&v.weights[n]) : 0.f;
     }
 #pragma unroll
     for (int b = 0; b < kScheduleBatch; ++b) {
@@ -75,12 +80,19 @@ __device__ __forceinline__ bool validate_own_routing(RoleContext<kScope>& ctx, i
         if (real && i < slot && other == id) bad = true;
       }
       const uint32_t bad_lanes = __ballot_sync(0xffffffffu, bad);
-      if (bad_lanes != 0) {
-        const int first = __ffs(bad_lanes) - 1;
-        const int32_t bad_id = __shfl_sync(0xffffffffu, id, first);
+      const uint32_t bad_weight_lanes = __ballot_sync(0xffffffffu, real && !isfinite(weights[b]));
+      if ((bad_lanes | bad_weight_lanes) != 0) {
+        // The first bad entry in entry order; a bad id wins over a bad weight
+        // of the same entry.
+        const int first = __ffs(bad_lanes | bad_weight_lanes) - 1;
+        const bool bad_id = (bad_lanes >> first) & 1u;
+        const uint32_t observed = bad_id ? static_cast<uint32_t>(__shfl_sync(0xffffffffu, id, first))
+                                         : __float_as_uint(__shfl_sync(0xffffffffu, weights[b], first));
         const int bad_token = t0 + b * per_round + first / k;
         if (lane == 0) {
-          protocol::report_bad_routing(ctx.sync, ctx.counters(), ctx.rank, bad_token * k + first % k, bad_id);
+          protocol::report_bad_entry(ctx.sync, ctx.counters(),
+                                     bad_id ? protocol::CounterId::kBadRouting : protocol::CounterId::kBadWeight,
+                                     ctx.rank, bad_token * k + first % k, observed);
         }
         return false;
       }
