@@ -79,6 +79,11 @@ struct RankTensors {
   const void* w2 = nullptr;             // bf16 [E/R, H, I]
   const void* shared_w13 = nullptr;     // bf16 [2S, H]; null when S = 0
   const void* shared_w2 = nullptr;      // bf16 [H, S]
+  // Optional: where this pass keeps what a later pass of the same layer needs
+  // (today its schedule, which the backward will reuse): pass_state_bytes()
+  // bytes of this rank's GPU, 16-byte aligned, owned by the caller, who keeps
+  // one per layer. Null: the world's own, which the next pass overwrites.
+  void* pass_state = nullptr;
 };
 
 class FusedForward {
@@ -135,6 +140,10 @@ class FusedForward {
   // then returns its events in no particular order. Throws mok::Error if
   // tracing is off or a CTA recorded more than its share of trace_events.
   std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
+
+  // Bytes of one rank's pass state (RankTensors::pass_state): the same for
+  // every rank and every pass of this object.
+  size_t pass_state_bytes() const;
 
   const LayerConfig& config() const;
   const FusedForwardOptions& options() const;  // with the defaults resolved

@@ -89,6 +89,10 @@ struct PassCounters {
   uint32_t* schedule_counted;  // [1] schedule warps whose chunk is counted
   uint32_t* schedule_scanned;  // [1] local experts whose chunk offsets and total are known
   uint32_t* schedule_filled;   // [1] schedule warps whose chunk's rows are written
+  // [1] the schedule's padded rows, written with the schedule (before
+  // schedule_filled): what a peer reads of it, so the schedule itself may sit
+  // in a caller's pass state the peers cannot see.
+  uint32_t* schedule_rows;
   uint32_t* abort;             // [1] nonzero once any wait of the world gave up
   StallReport* stall;          // [1]
 
@@ -98,7 +102,7 @@ struct PassCounters {
 // Words of uint32_t the counters take; the caller zeroes them before a pass.
 template <class Pass>
 MOK_HD size_t counter_words(const PassGeometry<Pass>& g) {
-  size_t words = 5 + sizeof(StallReport) / sizeof(uint32_t);  // ticket, schedule x3, abort; the report
+  size_t words = 6 + sizeof(StallReport) / sizeof(uint32_t);  // ticket, schedule x4, abort; the report
   for_each_index<Pass::kNumCounters>(
       [&](auto C) { words += static_cast<size_t>(counter_length(g, Pass::kCounters[C].span)); });
   return words;
@@ -119,6 +123,7 @@ MOK_HD PassCounters<Pass> carve_counters(const PassGeometry<Pass>& g, uint32_t* 
   c.schedule_counted = words++;
   c.schedule_scanned = words++;
   c.schedule_filled = words++;
+  c.schedule_rows = words++;
   c.abort = world_abort != nullptr ? world_abort : words;
   ++words;
   c.stall = world_stall != nullptr ? world_stall : reinterpret_cast<StallReport*>(words);

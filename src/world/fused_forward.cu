@@ -88,6 +88,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     // but memory only for the ranks this object serves.
     s.layouts.push_back(world::rank_layout(config, s.options, s.kernel, r, s.kind == WorldKind::kProcess));
   }
+  s.pass_state = world::pass_state_layout(config, s.kernel);
   for (int r = 0; r < R; ++r) {
     if (w.allocates(r)) s.allocate_rank(r);
   }
@@ -100,6 +101,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
 
 FusedForward::~FusedForward() = default;
 
+size_t FusedForward::pass_state_bytes() const { return state_->state.pass_state.bytes; }
 const LayerConfig& FusedForward::config() const { return state_->state.config; }
 const FusedForwardOptions& FusedForward::options() const { return state_->state.options; }
 

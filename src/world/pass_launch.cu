@@ -69,6 +69,7 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       v.ids = tensors[j].expert_ids;
       v.weights = tensors[j].weights;
       v.out = static_cast<uint16_t*>(tensors[j].out);
+      s.use_pass_state(first_rank + static_cast<int>(j), tensors[j].pass_state);
     }
     if (s.device_ordered()) s.params.epoch = ++s.epoch;
     s.bind_counters(s.params.epoch);

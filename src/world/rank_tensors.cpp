@@ -41,6 +41,7 @@ void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) 
   require_device_pointer(t.w2, rank + "w2", true);
   require_device_pointer(t.shared_w13, rank + "shared_w13", has_shared);
   require_device_pointer(t.shared_w2, rank + "shared_w2", has_shared);
+  require_device_pointer(t.pass_state, rank + "pass_state", false);
   if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
     throw Error(rank + "expert_ids and weights must not be null");
   }

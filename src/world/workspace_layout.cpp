@@ -37,9 +37,7 @@ std::vector<NamedRegion> regions(const RankLayout& L) {
           {"combine", L.combine},
           {"shared_h", L.shared_h},
           {"shared_out", L.shared_out},
-          {"expert_rows", L.expert_rows},
-          {"expert_offset", L.expert_offset},
-          {"rows", L.rows},
+          {"pass_state", L.pass_state},
           {"schedule_hist", L.schedule_hist},
           {"counters[0]", L.counters[0]},
           {"counters[1]", L.counters[1]},
@@ -80,6 +78,22 @@ void require_task_bound(const LayerConfig& config, const FusedForwardOptions& op
   }
 }
 
+PassStateLayout pass_state_layout(const LayerConfig& config, const KernelFacts& kernel) {
+  const size_t El = to_size(config.experts_per_rank());
+  PassStateLayout S;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    Region r{align_up(at, kPassStateAlignment), bytes};
+    at = r.end();
+    return r;
+  };
+  S.expert_rows = take(El * sizeof(int32_t));
+  S.expert_offset = take((El + 1) * sizeof(int32_t));
+  S.rows = take(to_size(schedule_row_capacity(config, kernel)) * sizeof(RowSource));
+  S.bytes = align_up(at, kPassStateAlignment);
+  return S;
+}
+
 RankLayout rank_layout(const LayerConfig& config, const FusedForwardOptions& o, const KernelFacts& kernel, int rank,
                        bool staged_inputs) {
   const size_t H = to_size(config.hidden), I = to_size(config.intermediate), S = to_size(config.shared_width());
@@ -96,9 +110,7 @@ RankLayout rank_layout(const LayerConfig& config, const FusedForwardOptions& o, 
   L.combine = c.take<uint16_t>(T * k * H);
   L.shared_h = c.take<uint16_t>(align_up(T, to_size(kernel.tile_m)) * S);
   L.shared_out = c.take<uint16_t>(T * H);
-  L.expert_rows = c.take<int32_t>(El);
-  L.expert_offset = c.take<int32_t>(El + 1);
-  L.rows = c.take<RowSource>(to_size(L.row_capacity));
+  L.pass_state = c.take(1, pass_state_layout(config, kernel).bytes);
   L.schedule_hist = c.take<int32_t>(to_size(o.comm_ctas_per_rank) * to_size(kernel.schedule_warps_per_cta) * El);
   L.counters[0] = c.take<uint32_t>(protocol::counter_words(L.geometry));
   L.counters[1] = c.take<uint32_t>(protocol::counter_words(L.geometry));

@@ -21,7 +21,7 @@ namespace mok::world {
 // 1 KB keeps rows of every tensor aligned for any swizzle).
 inline constexpr size_t kRegionAlignment = 1024;
 // Bumped whenever the carving below changes: it enters the fingerprint.
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 
 inline size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -31,16 +31,28 @@ struct Region {
   size_t end() const { return offset + bytes; }
 };
 
+// A rank's pass state: what one pass leaves for a later pass of the same
+// layer (its schedule; the backward will reuse it), at offsets from the
+// state's base. The world keeps one of its own in each workspace, which every
+// pass without a caller's state overwrites; a caller keeps one per layer.
+struct PassStateLayout {
+  Region expert_rows;    // int32 [El]: real rows per local expert
+  Region expert_offset;  // int32 [El + 1]: padded offsets, the last one the schedule's padded rows
+  Region rows;           // RowSource [row_capacity]: the schedule
+  size_t bytes = 0;
+};
+// Regions of a pass state start on this boundary (the state's base needs 16 B).
+inline constexpr size_t kPassStateAlignment = 256;
+PassStateLayout pass_state_layout(const LayerConfig& config, const KernelFacts& kernel);
+
 struct RankLayout {
   Region ring_x;         // bf16 [ring rows, H]
   Region ring_h;         // bf16 [ring rows, I]
   Region combine;        // bf16 [T * k, H]: y per (token, slot), written by the expert owners
   Region shared_h;       // bf16 [T rounded up to tile_m, S]
   Region shared_out;     // bf16 [T, H]
-  Region expert_rows;    // int32 [El]
-  Region expert_offset;  // int32 [El + 1]
-  Region rows;           // RowSource [row_capacity]: the schedule
-  Region schedule_hist;  // int32 [schedule warps, El]
+  Region pass_state;     // the world's own pass state (PassStateLayout)
+  Region schedule_hist;  // int32 [schedule warps, El]: the schedule builders' scratch
   Region counters[2];    // two counter sets: set 0 only when host-ordered, epoch % 2 when device-ordered
   Region barrier;        // protocol::WorldBarrierWords
   Region maps;           // CUtensorMap [tensor_maps]

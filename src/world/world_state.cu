@@ -113,9 +113,7 @@ void WorldState::fill_view(int r) {
   v.combine = reinterpret_cast<uint16_t*>(base + L.combine.offset);
   v.shared_h = reinterpret_cast<uint16_t*>(base + L.shared_h.offset);
   v.shared_out = reinterpret_cast<uint16_t*>(base + L.shared_out.offset);
-  v.expert_rows = reinterpret_cast<int32_t*>(base + L.expert_rows.offset);
-  v.expert_offset = reinterpret_cast<int32_t*>(base + L.expert_offset.offset);
-  v.rows = reinterpret_cast<RowSource*>(base + L.rows.offset);
+  use_pass_state(r, nullptr);
   v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist.offset);
   v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps.offset);
   v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + L.barrier.offset);
@@ -123,6 +121,15 @@ void WorldState::fill_view(int r) {
     v.x = reinterpret_cast<const uint16_t*>(base + L.staged_x.offset);
     v.ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);
   }
+}
+
+void WorldState::use_pass_state(int r, void* state) {
+  uint8_t* base = state != nullptr ? static_cast<uint8_t*>(state)
+                                   : rank_base[static_cast<size_t>(r)] + layouts[static_cast<size_t>(r)].pass_state.offset;
+  device::RankView& v = params.ranks[r];
+  v.expert_rows = reinterpret_cast<int32_t*>(base + pass_state.expert_rows.offset);
+  v.expert_offset = reinterpret_cast<int32_t*>(base + pass_state.expert_offset.offset);
+  v.rows = reinterpret_cast<RowSource*>(base + pass_state.rows.offset);
 }
 
 // Host-ordered: every rank's set 0, with the world's abort flag and report in

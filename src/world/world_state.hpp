@@ -43,6 +43,7 @@ struct WorldState {
   WorldKind kind = WorldKind::kVirtual;
   std::vector<int> rank_device;       // GPU of each rank's workspace
   std::vector<RankLayout> layouts;    // every rank's (a process world reads its peers' memory by them)
+  PassStateLayout pass_state;         // of every rank's pass state, the world's own and a caller's
   std::vector<Launch> launches;       // of every pass, in order (the world's choice)
   std::vector<uint8_t*> rank_memory;  // allocations this object owns
   std::vector<uint8_t*> rank_base;    // every rank's workspace as this process sees it (null: not mapped)
@@ -86,6 +87,11 @@ struct WorldState {
   void fill_params();
   // Rank r's workspace pointers in the table (its base known: owned or mapped).
   void fill_view(int r);
+  // Points rank r's view at the pass state a pass uses: `state` (a caller's),
+  // or the world's own in r's workspace when null. Only r itself reads it
+  // (peers read the schedule's length from r's counters), so a caller's state
+  // need not be visible to the other ranks.
+  void use_pass_state(int r, void* state);
   // Points every known rank's view at the counter set of pass `epoch`.
   void bind_counters(uint32_t pass_epoch);
   // Host-ordered passes: rank r's counters (and with rank 0, the world's

@@ -454,7 +454,7 @@ TEST(PassTable, GeometryCountsTheLayersTiles) {
 }
 
 // The counters, carved in table order: every array its span's length, then
-// the ticket, the schedule's three words, the abort flag and the report.
+// the ticket, the schedule's four words, the abort flag and the report.
 TEST(PassTable, CounterLayoutFollowsTheTable) {
   const ForwardGeometry g = forward_geometry(PassShape{128, 512, 3, 2, 1024, 512, 256}, 300, 0);
   std::vector<uint32_t> words(counter_words(g), 0u);
@@ -468,7 +468,8 @@ TEST(PassTable, CounterLayoutFollowsTheTable) {
   EXPECT_EQ(counter_length(g, Span::kRingSlot), 3);
   EXPECT_EQ(counter_length(g, Span::kTokenTile), 3);
   EXPECT_EQ(c.ticket, words.data() + at);
-  EXPECT_EQ(c.abort, words.data() + at + 4);
+  EXPECT_EQ(c.schedule_rows, words.data() + at + 4);
+  EXPECT_EQ(c.abort, words.data() + at + 5);
   EXPECT_EQ(reinterpret_cast<uint32_t*>(c.stall) + sizeof(StallReport) / 4, words.data() + words.size());
 }
 

@@ -70,11 +70,14 @@ TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
   EXPECT_EQ(L.combine.bytes, T * k * H * 2);
   EXPECT_EQ(L.shared_h.bytes, 128 * S * 2);  // tokens rounded up to one tile
   EXPECT_EQ(L.shared_out.bytes, T * H * 2);
-  EXPECT_EQ(L.expert_rows.bytes, El * 4);
-  EXPECT_EQ(L.expert_offset.bytes, (El + 1) * 4);
+  // The world's own pass state: the schedule.
+  const mok::world::PassStateLayout state = mok::world::pass_state_layout(config, kernel);
+  EXPECT_EQ(L.pass_state.bytes, state.bytes);
+  EXPECT_EQ(state.expert_rows.bytes, El * 4);
+  EXPECT_EQ(state.expert_offset.bytes, (El + 1) * 4);
   // Every entry of the world on this rank's experts, each expert padded.
   EXPECT_EQ(L.row_capacity, (100 + 37) * 2 + 4 * 127);
-  EXPECT_EQ(L.rows.bytes, static_cast<size_t>(L.row_capacity) * sizeof(mok::RowSource));
+  EXPECT_EQ(state.rows.bytes, static_cast<size_t>(L.row_capacity) * sizeof(mok::RowSource));
   EXPECT_EQ(L.schedule_hist.bytes, 3u * 12 * El * 4);
   const size_t counter_bytes = mok::protocol::counter_words(L.geometry) * 4;
   EXPECT_EQ(L.counters[0].bytes, counter_bytes);
@@ -91,6 +94,25 @@ TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
   EXPECT_EQ(unstaged.staged_x.bytes, 0u);
   EXPECT_EQ(unstaged.staged_ids.bytes, 0u);
   EXPECT_LT(unstaged.bytes, L.bytes);
+}
+
+// A caller's pass state is carved like the world's own: aligned, disjoint,
+// inside its size, and the same for every rank (the schedule's capacity is
+// the world's).
+TEST(WorkspaceLayout, PassStateRegionsAreAlignedDisjointAndInside) {
+  const auto config = mok::make_config(mok::find_shape("medium"), std::vector<int>{300, 0, 17, 5});
+  const mok::world::PassStateLayout S = mok::world::pass_state_layout(config, hopper_kernel());
+  const Region regions[] = {S.expert_rows, S.expert_offset, S.rows};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(regions[i].offset % mok::world::kPassStateAlignment, 0u) << i;
+    EXPECT_LE(regions[i].end(), S.bytes) << i;
+    if (i > 0) EXPECT_LE(regions[i - 1].end(), regions[i].offset) << i;
+  }
+  EXPECT_EQ(S.bytes % mok::world::kPassStateAlignment, 0u);
+  const int El = config.experts_per_rank();
+  EXPECT_EQ(S.rows.bytes, static_cast<size_t>(mok::world::schedule_row_capacity(config, hopper_kernel())) *
+                              sizeof(mok::RowSource));
+  EXPECT_EQ(S.expert_offset.bytes, static_cast<size_t>(El + 1) * 4);
 }
 
 TEST(WorkspaceLayout, TheRegionZeroedAtCreationHoldsBothCounterSetsAndTheBarrier) {

@@ -22,6 +22,8 @@
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
+#include "world/fused_kernel.hpp"
+#include "world/workspace_layout.hpp"
 
 namespace {
 
@@ -320,6 +322,117 @@ TEST(FusedForward, NonFiniteRoutingWeightsAreErrorsNamingRankTokenAndSlot) {
   forward.run(good.tensors());
   EXPECT_NO_THROW(forward.check());
   expect_close_to_reference(good.download_outputs(), reference_out(layer));
+}
+
+// One rank's pass state on the GPU, as the layout says: the schedule a pass
+// left there, read back.
+mok::RankSchedule read_schedule(const void* state, const mok::world::PassStateLayout& layout, int El,
+                                int32_t padded_rows) {
+  mok::RankSchedule s;
+  s.expert_rows.resize(static_cast<size_t>(El));
+  s.expert_offset.resize(static_cast<size_t>(El) + 1);
+  const auto* base = static_cast<const uint8_t*>(state);
+  MOK_CUDA_CHECK(cudaMemcpy(s.expert_rows.data(), base + layout.expert_rows.offset, El * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost));
+  MOK_CUDA_CHECK(cudaMemcpy(s.expert_offset.data(), base + layout.expert_offset.offset, (El + 1) * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost));
+  s.rows.resize(static_cast<size_t>(padded_rows));
+  MOK_CUDA_CHECK(cudaMemcpy(s.rows.data(), base + layout.rows.offset, padded_rows * sizeof(mok::RowSource),
+                            cudaMemcpyDeviceToHost));
+  return s;
+}
+
+void expect_same_schedule(const mok::RankSchedule& got, const mok::RankSchedule& want, const std::string& what) {
+  EXPECT_EQ(got.expert_rows, want.expert_rows) << what;
+  EXPECT_EQ(got.expert_offset, want.expert_offset) << what;
+  ASSERT_EQ(got.rows.size(), want.rows.size()) << what;
+  for (size_t i = 0; i < want.rows.size(); ++i) {
+    const mok::RowSource& g = got.rows[i];
+    const mok::RowSource& w = want.rows[i];
+    ASSERT_TRUE(g.rank == w.rank && g.token == w.token && g.slot == w.slot) << what << ": row " << i;
+  }
+}
+
+// Caller-owned pass state: one world object serves two layers, each pass
+// keeps its schedule in its layer's state, and a later pass of another layer
+// leaves it intact (the backward will read it). In the virtual world and in
+// the device-ordered one (whose peers read an owner's schedule length from
+// its counters, never its state).
+TEST(FusedForward, CallerOwnedPassStateKeepsEachLayersSchedule) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 200);
+  const int El = config.experts_per_rank();
+  for (bool device_ordered : {false, true}) {
+    SCOPED_TRACE(device_ordered ? "device-ordered" : "host-ordered");
+    auto options = small_ring(128, 2);
+    options.device_ordered = device_ordered;
+    mok::FusedForward forward(config, options);
+    const auto layout = mok::world::pass_state_layout(config, mok::world::fused_kernel_facts());
+    ASSERT_EQ(forward.pass_state_bytes(), layout.bytes);
+    const auto layer_a = mok::synthetic::make_layer(config, 21, RoutingMode::kUniform);
+    const auto layer_b = mok::synthetic::make_layer(config, 22, RoutingMode::kSkewed);
+    DeviceLayer device_a(layer_a), device_b(layer_b);
+    std::vector<void*> state_a(2), state_b(2);
+    for (int r = 0; r < 2; ++r) {
+      MOK_CUDA_CHECK(cudaMalloc(&state_a[r], forward.pass_state_bytes()));
+      MOK_CUDA_CHECK(cudaMalloc(&state_b[r], forward.pass_state_bytes()));
+      MOK_CUDA_CHECK(cudaMemset(state_a[r], 0xff, forward.pass_state_bytes()));  // poisoned
+      MOK_CUDA_CHECK(cudaMemset(state_b[r], 0xff, forward.pass_state_bytes()));
+    }
+    auto with_state = [](std::vector<mok::RankTensors> t, const std::vector<void*>& state) {
+      for (size_t r = 0; r < t.size(); ++r) t[r].pass_state = state[r];
+      return t;
+    };
+    device_a.poison_outputs();
+    forward.run(with_state(device_a.tensors(), state_a));
+    forward.check();
+    const auto out_a = device_a.download_outputs();
+    device_b.poison_outputs();
+    forward.run(with_state(device_b.tensors(), state_b));
+    forward.check();
+    expect_close_to_reference(device_b.download_outputs(), reference_out(layer_b));
+    expect_close_to_reference(out_a, reference_out(layer_a));
+    // A pass without a state (the world's own) changes neither.
+    forward.run(device_b.tensors());
+    forward.check();
+    const auto schedule_a = mok::build_schedule(config, layer_a.routing(), {128, 1});
+    const auto schedule_b = mok::build_schedule(config, layer_b.routing(), {128, 1});
+    for (int r = 0; r < 2; ++r) {
+      const std::string rank = "rank " + std::to_string(r);
+      expect_same_schedule(read_schedule(state_a[r], layout, El, schedule_a.ranks[r].padded_rows()),
+                           schedule_a.ranks[r], "layer a, " + rank);
+      expect_same_schedule(read_schedule(state_b[r], layout, El, schedule_b.ranks[r].padded_rows()),
+                           schedule_b.ranks[r], "layer b, " + rank);
+    }
+    // The same bits as without a caller's state.
+    device_a.poison_outputs();
+    forward.run(device_a.tensors());
+    forward.check();
+    EXPECT_EQ(device_a.download_outputs(), out_a);
+    for (int r = 0; r < 2; ++r) {
+      MOK_CUDA_CHECK(cudaFree(state_a[r]));
+      MOK_CUDA_CHECK(cudaFree(state_b[r]));
+    }
+  }
+}
+
+TEST(FusedForward, AMisalignedPassStateIsRefusedBeforeLaunch) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 1, 64);
+  mok::FusedForward forward(config, small_ring(128, 1));
+  const auto layer = mok::synthetic::make_layer(config, 5);
+  DeviceLayer device(layer);
+  void* state = nullptr;
+  MOK_CUDA_CHECK(cudaMalloc(&state, forward.pass_state_bytes() + 16));
+  auto tensors = device.tensors();
+  tensors[0].pass_state = static_cast<uint8_t*>(state) + 4;
+  try {
+    forward.run(tensors);
+    ADD_FAILURE() << "a misaligned pass state was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0: pass_state"), std::string::npos) << e.what();
+  }
+  MOK_CUDA_CHECK(cudaFree(state));
 }
 
 TEST(FusedForward, RepeatedIdsOnOneRankNeverOverrunAnotherRanksSchedule) {

@@ -54,7 +54,7 @@ __device__ __forceinline__ bool combine(RoleContext<kScope>& ctx, int warp, int 
       // The owner's padded rows are final once its schedule is; wait for that first.
       ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.schedule_warps(), owner);
       if (!ok) break;
-      const int32_t padded = __ldcg(&o.expert_offset[ctx.params.num_local_experts]);
+      const int32_t padded = static_cast<int32_t>(__ldcg(o.counters.schedule_rows));
       RoleContext<kScope> owner_ctx{ctx.params, owner, ctx.sync};
       ok = protocol::wait_down_done(ctx.sync, ctx.counters(), o.counters, owner_ctx.geometry(padded),
                                     ctx.rank, owner);

@@ -232,7 +232,10 @@ __device__ __forceinline__ bool build_schedule(RoleContext<kScope>& ctx, Schedul
     }
     offset += __shfl_sync(0xffffffffu, inclusive, 31);
   }
-  if (warp == 0 && lane == 0) v.expert_offset[El] = offset;
+  if (warp == 0 && lane == 0) {
+    v.expert_offset[El] = offset;
+    *ctx.counters().schedule_rows = static_cast<uint32_t>(offset);  // for the peers (counters.hpp)
+  }
   __syncwarp();
   for_each_chunk_entry(ctx, warp, warps, [&](int r, int64_t n, int32_t local) {
     // Lanes hitting the same expert take consecutive rows in lane order.
