@@ -4,7 +4,8 @@
 // Layout (all row-major, bf16 stored as uint16_t bits):
 //   a     [m_total, k]           activation rows; group g owns rows
 //                                [group_offset[g], group_offset[g] + group_rows[g])
-//   b     plain : [G, n, k]      weights in nn.Linear layout (K contiguous)
+//   b     plain : [G, n, k]      weights in nn.Linear layout (K contiguous), or, with
+//                 [G, k, n]      b_layout kKN, the same weights transposed (N contiguous)
 //         SwiGLU: [G, 2n, k]     w13: rows [0, n) gate, rows [n, 2n) up
 //   out   [m_total, n]           plain : out = a . b[g]^T
 //                                SwiGLU: out = silu(a . gate^T) * (a . up^T), fp32 math,
@@ -33,6 +34,9 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 namespace mok {
 
 enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1 };
+// How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
+// (plain epilogue only; what a data gradient reads: dx = dy . W).
+enum class WeightLayout : int { kNK = 0, kKN = 1 };
 
 struct GroupedGemmArgs {
   const void* a = nullptr;              // bf16 [m_total, k]
@@ -45,6 +49,7 @@ struct GroupedGemmArgs {
   int64_t n = 0;                        // output columns
   int64_t k = 0;                        // reduction length
   GemmEpilogue epilogue = GemmEpilogue::kPlain;
+  WeightLayout b_layout = WeightLayout::kNK;
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.

@@ -19,11 +19,18 @@ enum class ElementType : int32_t { kBF16 = 0 };
 
 constexpr int32_t element_bytes(ElementType t) { return t == ElementType::kBF16 ? 2 : 0; }
 
+// Which dimension of an operand is contiguous in memory. kK: [rows, K] (A
+// rows, or B as nn.Linear stores weights, [N, K]); kMN: B as [K, N], the
+// layout the backward's data gradients read their weights in (dgrad of
+// y = x W^T is dx = dy W, whose B is W itself).
+enum class OperandMajor : int32_t { kK = 0, kMN = 1 };
+
 struct GemmTileShape {
   int32_t block_m;  // A rows per tile: 64 per consumer warpgroup
   int32_t block_n;  // B rows per tile = the wgmma N
   EpilogueKind epilogue;
   ElementType element = ElementType::kBF16;
+  OperandMajor b_major = OperandMajor::kK;
 
   // K per pipeline stage: one 128-byte swizzle row of the element type.
   constexpr int32_t block_k() const { return 128 / element_bytes(element); }

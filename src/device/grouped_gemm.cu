@@ -30,6 +30,7 @@ using device::GemmTileConfig;
 // 6 stages was measured and lost: -6% down, -10% SwiGLU).
 using PlainConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain>;
 using SwigluConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
+using PlainKNConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
 template <class Cfg>
 GroupedGemmConfig describe_config() {
@@ -117,7 +118,12 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   const CUtensorMap a_map = encode_map("a", args.a, 2, a_dims, a_strides, a_box);
 
   CUtensorMap b_map;
-  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+  if constexpr (Cfg::kBMajor == mok::OperandMajor::kMN) {
+    const cuuint64_t b_dims[3] = {n, k, g};
+    const cuuint64_t b_strides[2] = {n * 2, k * n * 2};
+    const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(Cfg::kMNBlock), Cfg::kBlockK, 1};
+    b_map = encode_map("b (k-by-n)", args.b, 3, b_dims, b_strides, b_box);
+  } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
     const cuuint64_t b_dims[4] = {k, n, 2, g};
     const cuuint64_t b_strides[3] = {row_bytes, n * row_bytes, 2 * n * row_bytes};
     const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
@@ -174,6 +180,12 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
   if (args.epilogue != GemmEpilogue::kPlain && args.epilogue != GemmEpilogue::kSwiGLU) {
     throw Error("epilogue = " + std::to_string(static_cast<int>(args.epilogue)) + ": not a GemmEpilogue");
   }
+  if (args.b_layout != WeightLayout::kNK && args.b_layout != WeightLayout::kKN) {
+    throw Error("b_layout = " + std::to_string(static_cast<int>(args.b_layout)) + ": not a WeightLayout");
+  }
+  if (args.b_layout == WeightLayout::kKN && args.epilogue != GemmEpilogue::kPlain) {
+    throw Error("b_layout = kKN: supported with the plain epilogue only (a SwiGLU b holds gate and up rows)");
+  }
   require(args.num_groups > 0, "num_groups", args.num_groups, "must be >= 1");
   require(args.k >= 64 && args.k % 64 == 0 && args.k <= kInt32Max, "k", args.k,
           "must be a positive multiple of 64 (below 2^31)");
@@ -198,6 +210,8 @@ void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   if (args.m_total == 0) return;  // no rows: nothing to write
   if (args.epilogue == GemmEpilogue::kSwiGLU) {
     launch<SwigluConfig>(args, stream);
+  } else if (args.b_layout == WeightLayout::kKN) {
+    launch<PlainKNConfig>(args, stream);
   } else {
     launch<PlainConfig>(args, stream);
   }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -98,8 +99,23 @@ struct Problem {
   GemmEpilogue epilogue = GemmEpilogue::kPlain;
   std::vector<uint16_t> a;  // [m_total, k]
   std::vector<uint16_t> b;  // [G, n or 2n, k]
+  // How the kernel gets b: as above, or transposed per group ([G, k, n]).
+  mok::WeightLayout b_layout = mok::WeightLayout::kNK;
 
   int64_t weight_rows() const { return epilogue == GemmEpilogue::kSwiGLU ? 2 * n : n; }
+  // b as the kernel reads it.
+  std::vector<uint16_t> b_as_stored() const {
+    if (b_layout == mok::WeightLayout::kNK) return b;
+    std::vector<uint16_t> t(b.size());
+    for (int g = 0; g < layout.groups(); ++g) {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < k; ++c) {
+          t[static_cast<size_t>((g * k + c) * n + r)] = b[static_cast<size_t>((g * n + r) * k + c)];
+        }
+      }
+    }
+    return t;
+  }
 };
 
 Problem make_problem(const Layout& layout, int64_t n, int64_t k, GemmEpilogue epilogue, uint32_t seed) {
@@ -118,7 +134,7 @@ Problem make_problem(const Layout& layout, int64_t n, int64_t k, GemmEpilogue ep
 
 // Runs the GPU kernel on poisoned output; returns the whole output.
 std::vector<uint16_t> run_gpu(const Problem& p, int max_ctas = 0, int raster_band = 0) {
-  DeviceBuffer<uint16_t> a(p.a), b(p.b);
+  DeviceBuffer<uint16_t> a(p.a), b(p.b_as_stored());
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
   DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
   MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, static_cast<size_t>(p.layout.m_total * p.n) * 2));
@@ -133,6 +149,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, int max_ctas = 0, int raster_ban
   args.n = p.n;
   args.k = p.k;
   args.epilogue = p.epilogue;
+  args.b_layout = p.b_layout;
   args.max_ctas = max_ctas;
   args.raster_band = raster_band;
   mok::grouped_gemm(args);
@@ -219,6 +236,25 @@ TEST(GroupedGemm, PlainMatchesReference) {
   // k = 576: 9 k-blocks, so the 4-stage ring wraps inside a tile.
   const Problem p = make_problem(awkward_layout(), 320, 576, GemmEpilogue::kPlain, 1);
   expect_matches_reference(p, run_gpu(p));
+}
+
+// B given as [G, k, n] (N contiguous, an MN-major wgmma operand): the layout
+// the backward's data gradients read their weights in. Same reference; the
+// partial last n-tile (n = 320) and the wrapping stage ring (k = 576) as above.
+TEST(GroupedGemm, KByNWeightsMatchReference) {
+  MOK_REQUIRE_HOPPER();
+  Problem p = make_problem(awkward_layout(), 320, 576, GemmEpilogue::kPlain, 1);
+  const std::vector<uint16_t> nk = run_gpu(p);
+  p.b_layout = mok::WeightLayout::kKN;
+  const std::vector<uint16_t> kn = run_gpu(p);
+  expect_matches_reference(p, kn);
+  // Bitwise repeatable, and independent of the grid like the K-major path.
+  EXPECT_EQ(run_gpu(p), kn);
+  EXPECT_EQ(run_gpu(p, 3), kn);
+  // Whether the tensor cores sum an MN-major B in the same order as a K-major
+  // one: recorded, not required.
+  RecordProperty("bitwise_equal_to_nk", nk == kn ? "yes" : "no");
+  std::printf("[ info ] k-by-n result %s the n-by-k result bit for bit\n", nk == kn ? "equals" : "differs from");
 }
 
 TEST(GroupedGemm, SwigluMatchesReference) {
@@ -354,6 +390,13 @@ TEST(GroupedGemm, BadArgumentsRejectedBeforeLaunch) {
   { auto x = good(); x.max_ctas = -1; expect_rejected(x, "negative max_ctas"); }
   { auto x = good(); x.raster_band = -1; expect_rejected(x, "negative raster_band"); }
   { auto x = good(); x.epilogue = static_cast<GemmEpilogue>(7); expect_rejected(x, "bad epilogue"); }
+  { auto x = good(); x.b_layout = static_cast<mok::WeightLayout>(5); expect_rejected(x, "bad b_layout"); }
+  {
+    auto x = good();
+    x.b_layout = mok::WeightLayout::kKN;
+    x.epilogue = GemmEpilogue::kSwiGLU;
+    expect_rejected(x, "k-by-n weights with the SwiGLU epilogue");
+  }
   // The message names the field.
   try {
     auto x = good();

@@ -12,9 +12,9 @@
 namespace mok::device {
 
 template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_,
-          ElementType kElement_ = ElementType::kBF16>
+          ElementType kElement_ = ElementType::kBF16, OperandMajor kBMajor_ = OperandMajor::kK>
 struct GemmTileConfig {
-  static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_};
+  static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_, kBMajor_};
   static constexpr int kBlockM = kBlockM_;  // A rows per tile: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;  // weight rows per tile = the wgmma N
   static constexpr int kBlockK = kShape.block_k();  // one 128-byte swizzle row of the element type
@@ -22,6 +22,10 @@ struct GemmTileConfig {
   static constexpr int kStages = kStages_;
   static constexpr EpilogueKind kEpilogue = kEpilogue_;
   static constexpr ElementType kElement = kElement_;
+  static constexpr OperandMajor kBMajor = kBMajor_;
+  // An MN-major B arrives as BN / kMNBlock boxes of [kBlockK rows][kMNBlock
+  // columns], one 128-byte swizzle row of N per k.
+  static constexpr int kMNBlock = kRowBytes / element_bytes(kElement_);
 
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
@@ -58,6 +62,8 @@ struct GemmTileConfig {
   static_assert(kEpilogue != EpilogueKind::kSwiGLU || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");
   static_assert(kOutCols % 64 == 0, "the epilogue stores 64-column slabs");
+  static_assert(kBMajor == OperandMajor::kK || kEpilogue == EpilogueKind::kPlain,
+                "an MN-major B is for plain tiles (a SwiGLU B interleaves gate and up rows along N)");
 };
 
 template <class Cfg>

@@ -24,6 +24,7 @@ namespace mok::device {
 //   a: 2-D {K, M_total}, box {64, BM}
 //   b: plain  3-D {K, N, G},    box {64, BN, 1}
 //      SwiGLU 4-D {K, N, 2, G}, box {64, BN/2, 1, 1} (w13 viewed as [G][2][N][K])
+//      MN-major plain 3-D {N, K, G}, box {64, 64, 1} (B as [G][K][N]), BN/64 boxes a stage
 struct GemmTensorMaps {
   const CUtensorMap* a;
   const CUtensorMap* b;
@@ -39,7 +40,14 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
     auto& stage = smem.stages[ring.stage];
     const int k0 = kb * Cfg::kBlockK;
     tma_load_2d(stage.a, maps.a, full, k0, tile.row0);
-    if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    if constexpr (Cfg::kBMajor == OperandMajor::kMN) {
+      // B as [K, N]: BN / kMNBlock boxes of [kBlockK rows][kMNBlock columns].
+#pragma unroll
+      for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
+        tma_load_3d(stage.b + j * Cfg::kBlockK * Cfg::kRowBytes, maps.b, full, tile.n0 + j * Cfg::kMNBlock, k0,
+                    tile.group);
+      }
+    } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
       constexpr int kHalf = Cfg::kBlockN / 2;
       tma_load_4d(stage.b, maps.b, full, k0, tile.n0, 0, tile.group);                   // gate rows
       tma_load_4d(stage.b + kHalf * Cfg::kRowBytes, maps.b, full, k0, tile.n0, 1, tile.group);  // up rows
@@ -50,13 +58,31 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
   }
 }
 
-template <int kN>
+template <int kN, int kTransB>
 __device__ __forceinline__ void mma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                          uint32_t accumulate) {
   if constexpr (kN == 256) {
-    wgmma::mma_m64n256k16(d, desc_a, desc_b, accumulate);
+    wgmma::mma_m64n256k16<kTransB>(d, desc_a, desc_b, accumulate);
   } else {
-    wgmma::mma_m64n128k16(d, desc_a, desc_b, accumulate);
+    wgmma::mma_m64n128k16<kTransB>(d, desc_a, desc_b, accumulate);
+  }
+}
+
+// The descriptor of a stage's B operand, and of its k16 step k.
+template <class Cfg>
+__device__ __forceinline__ uint64_t b_descriptor(const uint8_t* b) {
+  if constexpr (Cfg::kBMajor == OperandMajor::kMN) {
+    return wgmma::smem_desc_mn_sw128(b, Cfg::kBlockK * Cfg::kRowBytes);
+  } else {
+    return wgmma::smem_desc_k_sw128(b);
+  }
+}
+template <class Cfg>
+__device__ __forceinline__ uint64_t b_descriptor_at(uint64_t desc, int k) {
+  if constexpr (Cfg::kBMajor == OperandMajor::kMN) {
+    return wgmma::advance_k_mn(desc, 16 * k);
+  } else {
+    return wgmma::advance_k(desc, 16 * k);
   }
 }
 
@@ -76,13 +102,13 @@ __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing
     ring.consumer_wait(on_stall);
     auto& stage = smem.stages[ring.stage];
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
-    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
+    const uint64_t desc_b = b_descriptor<Cfg>(stage.b);
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < Cfg::kBlockK / 16; ++k) {
-      mma_bf16<Cfg::kBlockN>(acc, wgmma::advance_k(desc_a, 16 * k), wgmma::advance_k(desc_b, 16 * k),
-                             (kb > 0 || k > 0) ? 1u : 0u);
+      mma_bf16<Cfg::kBlockN, Cfg::kBMajor == OperandMajor::kMN ? 1 : 0>(
+          acc, wgmma::advance_k(desc_a, 16 * k), b_descriptor_at<Cfg>(desc_b, k), (kb > 0 || k > 0) ? 1u : 0u);
     }
     wgmma::commit_group();
     wgmma::fence_operands(acc);

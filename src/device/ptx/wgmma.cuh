@@ -36,6 +36,28 @@ __device__ __forceinline__ uint64_t advance_k(uint64_t desc, int k_elems) {
   return desc + static_cast<uint64_t>((k_elems * 2) >> 4);
 }
 
+// Shared-memory matrix descriptor for an MN-major tile written by TMA with
+// CU_TENSOR_MAP_SWIZZLE_128B as blocks of [K rows][64 bf16 of MN] (one
+// 128-byte row per k, 8-row groups 1024 bytes apart: the stride byte
+// offset), the blocks `block_bytes` apart along MN (the leading byte offset:
+// for MN-major swizzled layouts it steps from one 64-element MN block to the
+// next). `smem` must lie in a 1024-byte aligned tile.
+__device__ __forceinline__ uint64_t smem_desc_mn_sw128(const void* smem, uint32_t block_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr & 0x3FFFFu) >> 4);           // bits 0-13: start address / 16
+  desc |= static_cast<uint64_t>((block_bytes & 0x3FFFFu) >> 4) << 16;  // bits 16-29: leading byte offset / 16
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;                  // bits 32-45: stride byte offset / 16
+  desc |= static_cast<uint64_t>(1) << 62;                          // bits 62-63: 1 = 128-byte swizzle
+  return desc;
+}
+
+// The MN-major descriptor moved `k_elems` rows along K (whole 8-row groups:
+// k_elems a multiple of 8): 128 bytes per row.
+__device__ __forceinline__ uint64_t advance_k_mn(uint64_t desc, int k_elems) {
+  return desc + static_cast<uint64_t>((k_elems * 128) >> 4);
+}
+
 // Orders this warpgroup's earlier register and shared-memory accesses before
 // the wgmma that follow (wgmma.fence): required before the first wgmma of a
 // sequence and whenever the accumulators were touched by ordinary code.
@@ -83,7 +105,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // Mok uses exactly one instruction shape per build for every tile, so a
 // row's result never depends on the code path that computed it.
 // D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T; 128 fp32 accumulators per thread.
+// kTransB: 0 for a K-major B, 1 for an MN-major B (the instruction's
+// imm-trans-b).
+template <int kTransB = 0>
 __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
+  static_assert(kTransB == 0 || kTransB == 1);
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
@@ -97,7 +123,7 @@ __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a,
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -114,11 +140,13 @@ __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], uint64_t desc_a,
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
 // D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T; 64 fp32 accumulators per thread.
+template <int kTransB = 0>
 __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t accumulate) {
+  static_assert(kTransB == 0 || kTransB == 1);
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
@@ -128,7 +156,7 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, 
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -137,7 +165,7 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], uint64_t desc_a, 
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
 

@@ -38,7 +38,7 @@ inline constexpr int kFusedStages = 4;
 // one the epilogue stores are one number.
 template <class Spec>
 using KindConfig = GemmTileConfig<Spec::value.tile.block_m, Spec::value.tile.block_n, kFusedStages,
-                                  Spec::value.tile.epilogue, Spec::value.tile.element>;
+                                  Spec::value.tile.epilogue, Spec::value.tile.element, Spec::value.tile.b_major>;
 
 // Every kind of a fused pass runs one mainloop shape: one shared-memory
 // stage layout, one accumulator array and one wgmma instruction shape (a
