@@ -99,8 +99,11 @@ class FusedForward {
   // mok::Error before launch on bad pointers. The passes of one object run
   // one after another even when the caller switches streams: each waits, on
   // the GPU, for the end of the previous one before it touches the workspace
-  // that every pass reuses (a pass captured in a CUDA graph is ordered by the
-  // graph's stream instead). Its kernel needs every SM of the GPU at once (a
+  // that every pass reuses. A pass captured in a CUDA graph is not: the
+  // caller orders its replays against the object's other passes, captures
+  // only with the tensors of the previous pass (else mok::Error: tensor maps
+  // are built on the host), and replays only while the object's passes use
+  // those tensors. Its kernel needs every SM of the GPU at once (a
   // cooperative launch: it fails rather than hang). In a peer world the pass
   // runs on each GPU's legacy default stream.
   void run(std::span<const RankTensors> ranks, CUstream_st* stream = nullptr);

@@ -35,8 +35,9 @@ using mok::torch_ops::raising_torch_errors;
 using mok::torch_ops::kActivations, mok::torch_ops::kExpertIds, mok::torch_ops::kRoutingWeights,
     mok::torch_ops::kExpertWeights, mok::torch_ops::kSharedWeights;
 
-// One rank's object and what its tensors must look like. `mutex` makes its
-// passes one at a time (run() reuses the workspace and host-side state).
+// One rank's object and what its tensors must look like. `mutex` makes every
+// call on the object one at a time (run() reuses the workspace and host-side
+// state; close_peers() unmaps what a pass reads).
 struct World {
   mok::LayerConfig config;
   int rank = 0;
@@ -89,7 +90,10 @@ int64_t create(int64_t rank, at::IntArrayRef tokens_per_rank, int64_t hidden, in
 at::Tensor export_handle(int64_t id) {
   auto world = find(id);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(world->device));
-  const std::vector<uint8_t> bytes = raising_torch_errors([&] { return world->forward->export_handle(); });
+  const std::vector<uint8_t> bytes = raising_torch_errors([&] {
+    const std::lock_guard<std::mutex> lock(world->mutex);
+    return world->forward->export_handle();
+  });
   at::Tensor out = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::memcpy(out.data_ptr<uint8_t>(), bytes.data(), bytes.size());
   return out;
@@ -106,7 +110,10 @@ void import_handles(int64_t id, const at::Tensor& handles) {
     list.emplace_back(p, p + rows.size(1));
   }
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(world->device));
-  raising_torch_errors([&] { world->forward->import_peers(list); });
+  raising_torch_errors([&] {
+    const std::lock_guard<std::mutex> lock(world->mutex);
+    world->forward->import_peers(list);
+  });
 }
 
 // This rank's tensors against the world it was made for; returns whether the
@@ -171,7 +178,13 @@ at::Tensor run_meta(int64_t id, const at::Tensor& x, const at::Tensor& expert_id
 void close_peers(int64_t id) {
   auto world = find(id);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(world->device));
-  if (world->config.world_size > 1) raising_torch_errors([&] { world->forward->close_peers(); });
+  if (world->config.world_size > 1) {
+    raising_torch_errors([&] {
+      // Not while another thread's pass still reads the peers' mappings.
+      const std::lock_guard<std::mutex> lock(world->mutex);
+      world->forward->close_peers();
+    });
+  }
 }
 
 void destroy(int64_t id) {

@@ -276,15 +276,7 @@ MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Counters>
 MOK_HD void report_bad_entry(Sync& s, const Counters& c, CounterId why, int32_t rank, int32_t entry,
                              uint32_t observed) {
-  StallReport* report = c.stall;
-  if (s.compare_exchange(&report->counter, 0u, static_cast<uint32_t>(why))) {
-    report->waiter = rank;
-    report->owner = rank;
-    report->index = entry;
-    report->target = 0;
-    report->observed = observed;
-  }
-  s.store_release(c.abort, 1u);
+  record_stall(s, c.abort_view(), why, rank, rank, entry, 0u, observed);
 }
 
 // ---- GEMM task tickets ------------------------------------------------------

@@ -92,6 +92,8 @@ struct ForwardPass {
   };
 };
 
+static_assert(pass_table_is_consistent<ForwardPass>(), "the forward's table breaks a rule of pass_table.hpp");
+
 using ForwardGeometry = PassGeometry<ForwardPass>;
 using ForwardCounters = PassCounters<ForwardPass>;
 

@@ -26,7 +26,10 @@
 // per generation, and a wait for generation gen's data ("ready") targets
 // (gen + 1) x that, a wait for the previous generation's readers ("free") gen
 // x that. Only full minibatches precede a slot's reuse (the short one is the
-// last), so those products are exact; the CPU model checks it for any table.
+// last), so those products are exact: pass_table_is_consistent() below
+// enforces what that needs at compile time, and the CPU test
+// (PassTable.TicketOrderMeetsEveryWaitWithSmallerTickets, a template over the
+// pass) counts the signals behind every target of a table.
 #pragma once
 
 #include <cstdint>
@@ -174,6 +177,48 @@ MOK_HD constexpr void for_each_index(F&& f) {
   [&]<int32_t... kI>(std::integer_sequence<int32_t, kI...>) {
     (f(std::integral_constant<int32_t, kI>{}), ...);
   }(std::make_integer_sequence<int32_t, kCount>{});
+}
+
+// ---- what a table must satisfy (checked at compile time) ----------------------
+// Every kind is handed out exactly once, by the prologue (own-token kinds,
+// which need no schedule) or by the pipeline (schedule-row kinds); a kind of
+// own tokens moves no ring counter (it has no minibatch); a ring-slot counter
+// is only awaited for the previous generation (the last minibatch may be
+// short, so "this generation's slot is complete" has no fixed target); every
+// counter named exists.
+template <class Pass>
+constexpr bool pass_table_is_consistent() {
+  constexpr int32_t kPrologueKinds = static_cast<int32_t>(sizeof(Pass::kPrologue) / sizeof(int32_t));
+  constexpr int32_t kPipelineKinds = static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry));
+  for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    int32_t seen = 0;
+    for (int32_t p = 0; p < kPrologueKinds; ++p) {
+      if (Pass::kPrologue[p] != k) continue;
+      ++seen;
+      if (Pass::kKinds[k].rows != Rows::kTokens) return false;
+    }
+    for (int32_t p = 0; p < kPipelineKinds; ++p) {
+      if (Pass::kPipeline[p].kind != k) continue;
+      ++seen;
+      if (Pass::kKinds[k].rows != Rows::kSchedule) return false;
+    }
+    if (seen != 1) return false;
+    const TaskKindSpec& spec = Pass::kKinds[k];
+    for (const CounterWait& w : spec.waits) {
+      if (w.counter == kNoCounter) continue;
+      if (w.counter < 0 || w.counter >= Pass::kNumCounters) return false;
+      const Span span = Pass::kCounters[w.counter].span;
+      if (spec.rows == Rows::kTokens && (span == Span::kRingTile || span == Span::kRingSlot)) return false;
+      if (span == Span::kRingSlot && w.await == Await::kReady) return false;
+    }
+    for (const CounterSignal& s : spec.signals) {
+      if (s.counter == kNoCounter) continue;
+      if (s.counter < 0 || s.counter >= Pass::kNumCounters) return false;
+      const Span span = Pass::kCounters[s.counter].span;
+      if (spec.rows == Rows::kTokens && (span == Span::kRingTile || span == Span::kRingSlot)) return false;
+    }
+  }
+  return true;
 }
 
 // ---- geometry -----------------------------------------------------------------

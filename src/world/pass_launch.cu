@@ -49,8 +49,27 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
   }
   if (s.device_ordered() && s.epoch == UINT32_MAX) throw Error("run: this world ran 2^32 - 1 passes; make a new one");
   const int first_rank = s.launches.front().first_rank;
-  // A device-ordered pass that failed on some launch has used up its number
-  // there and not on the others: the world can no longer be ordered.
+  // Tensor maps change only when a tensor moves; steady-state runs skip them.
+  // They are built on the host and copied from it, which a graph capture
+  // cannot record faithfully (it would replay whatever the host memory then
+  // holds): a captured pass must reuse the maps of the pass before it.
+  const bool moved = maps_moved(s, tensors);
+  if (capturing && moved) {
+    throw Error("run: a pass captured in a CUDA graph must use the tensors of the world's previous pass (their "
+                "tensor maps are built on the host and cannot be captured): run one pass with these tensors "
+                "outside the capture first, and replay the graph only while the world's passes use them");
+  }
+  // Everything that can fail on the host alone comes first: a pass given up
+  // here leaves the world as it was.
+  std::vector<RankTensorMaps> maps;
+  if (moved) {
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      const int r = first_rank + static_cast<int>(j);
+      maps.push_back(encode_tensor_maps(s.config, s.options, s.params.ranks[r], tensors[j], r));
+    }
+  }
+  bool numbered = false;  // device-ordered: this pass took a number
+  bool launched = false;  // some launch of this pass is enqueued
   try {
     // 1. Captured passes are ordered by the graph's stream instead (an event
     //    recorded outside the capture cannot be waited on inside it).
@@ -62,7 +81,6 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
     }
     world.before_workspace(s, streams, tensors);
 
-    const bool moved = maps_moved(s, tensors);
     for (size_t j = 0; j < tensors.size(); ++j) {
       device::RankView& v = s.params.ranks[first_rank + static_cast<int>(j)];
       v.x = static_cast<const uint16_t*>(tensors[j].x);
@@ -71,18 +89,18 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       v.out = static_cast<uint16_t*>(tensors[j].out);
       s.use_pass_state(first_rank + static_cast<int>(j), tensors[j].pass_state);
     }
-    if (s.device_ordered()) s.params.epoch = ++s.epoch;
+    if (s.device_ordered()) {
+      s.params.epoch = ++s.epoch;
+      numbered = true;
+    }
     s.bind_counters(s.params.epoch);
 
-    // 3. Tensor maps change only when a tensor moves; steady-state runs skip them.
+    // 2. The maps (when a tensor moved), the counters (host-ordered), the trace.
     for (size_t i = 0; i < s.launches.size(); ++i) {
       const Launch& launch = s.launches[i];
       DeviceScope on(launch.device);
       for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
-        if (moved) {
-          upload_tensor_maps(s.config, s.options, s.params.ranks[r], tensors[static_cast<size_t>(r - first_rank)], r,
-                             streams[i]);
-        }
+        if (moved) upload_tensor_maps(maps[static_cast<size_t>(r - first_rank)], s.params.ranks[r], streams[i]);
         if (!s.device_ordered()) s.zero_counters(r, streams[i]);
       }
       if (s.trace_memory != nullptr && launch.first_rank == 0) {  // the trace is on rank 0's GPU
@@ -97,13 +115,18 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       device::FusedForwardParams mine = s.params;
       mine.first_rank = launch.first_rank;
       mine.launch_ranks = launch.ranks;
+      launched = true;  // from here a failure may leave some launch enqueued
       launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope());
       if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(s.pass_done[i], streams[i]));
     }
     s.pass_done_recorded = !capturing;
     if (moved) s.last_tensors = std::move(tensors);
   } catch (...) {
-    if (s.device_ordered()) s.broken = true;
+    // A device-ordered pass that reached a launch has used up its number
+    // there and maybe not on the other launches: the world can no longer be
+    // ordered. One that failed before any launch gives its number back.
+    if (numbered && launched) s.broken = true;
+    if (numbered && !launched) s.params.epoch = --s.epoch;
     throw;
   }
 }

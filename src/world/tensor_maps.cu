@@ -39,8 +39,8 @@ CUtensorMap encode(const char* what, const void* base, int rank, std::array<cuui
 
 }  // namespace
 
-void upload_tensor_maps(const LayerConfig& c, const FusedForwardOptions& options, const device::RankView& v,
-                        const RankTensors& t, int rank, cudaStream_t stream) {
+RankTensorMaps encode_tensor_maps(const LayerConfig& c, const FusedForwardOptions& options,
+                                  const device::RankView& v, const RankTensors& t, int rank) {
   const cuuint64_t H = static_cast<cuuint64_t>(c.hidden), I = static_cast<cuuint64_t>(c.intermediate),
                    S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
   const cuuint64_t ring_rows = static_cast<cuuint64_t>(options.ring_slots) * static_cast<cuuint64_t>(options.minibatch_rows);
@@ -50,7 +50,7 @@ void upload_tensor_maps(const LayerConfig& c, const FusedForwardOptions& options
   const std::array<cuuint32_t, 4> box_a{kBoxK, kBoxRowsA, 1, 1};
   const std::array<cuuint32_t, 4> box_gate_up{kBoxK, kBoxRowsGateUp, 1, 1};
   const std::array<cuuint32_t, 4> box_down{kBoxK, kBoxRowsDown, 1, 1};
-  std::array<CUtensorMap, device::kNumMaps> maps{};
+  RankTensorMaps maps{};
   maps[device::kMapRingX] = encode("ring x", v.ring_x, 2, {H, ring_rows, 1, 1}, {h2, 0, 0}, box_a);
   maps[device::kMapW13] = encode("w13", t.w13, 4, {H, I, 2, El}, {h2, h2 * I, 2 * h2 * I}, box_gate_up);
   maps[device::kMapRingH] = encode("ring h", v.ring_h, 2, {I, ring_rows, 1, 1}, {i2, 0, 0}, box_a);
@@ -62,7 +62,10 @@ void upload_tensor_maps(const LayerConfig& c, const FusedForwardOptions& options
     maps[device::kMapSharedH] = encode("shared h", v.shared_h, 2, {S, T_pad, 1, 1}, {s2, 0, 0}, box_a);
     maps[device::kMapSharedW2] = encode("shared w2", t.shared_w2, 3, {S, H, 1, 1}, {s2, s2 * H, 0}, box_down);
   }
-  // A pageable source is staged before the call returns.
+  return maps;
+}
+
+void upload_tensor_maps(const RankTensorMaps& maps, const device::RankView& v, cudaStream_t stream) {
   MOK_CUDA_CHECK(cudaMemcpyAsync(const_cast<CUtensorMap*>(v.maps), maps.data(), sizeof(maps),
                                  cudaMemcpyHostToDevice, stream));
 }

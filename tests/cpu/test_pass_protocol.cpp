@@ -485,7 +485,8 @@ struct SignalEvent {
 // The ticket order against the table, for one geometry: every task once, in
 // an order where every wait is met by signals that depend only on smaller
 // tickets, and every target counts exactly the signals that precede it.
-void check_table_order(const ForwardGeometry& g) {
+template <class P>
+void check_table_order(const PassGeometry<P>& g) {
   std::vector<Task> tasks;
   std::map<std::tuple<int, int, int>, int> seen;  // (kind, m_tile, n_tile) -> times
   for (int64_t ticket = 0; ticket < task_count(g); ++ticket) {
@@ -493,44 +494,44 @@ void check_table_order(const ForwardGeometry& g) {
     ASSERT_NE(t.kind, kNoTask) << ticket;
     ASSERT_LT(t.n_tile, g.n_tiles[t.kind]) << ticket;
     ASSERT_LT(t.m_tile, g.kind_m_tiles(t.kind)) << ticket;
-    if (Pass::kKinds[t.kind].rows == Rows::kSchedule) {
+    if (P::kKinds[t.kind].rows == Rows::kSchedule) {
       ASSERT_EQ(t.minibatch, t.m_tile / g.tiles_per_minibatch()) << ticket;
     }
     ++seen[{t.kind, t.m_tile, t.n_tile}];
     tasks.push_back(t);
   }
   EXPECT_EQ(decode_task(g, task_count(g)).kind, kNoTask);
-  for (int k = 0; k < Pass::kNumKinds; ++k) {
+  for (int k = 0; k < P::kNumKinds; ++k) {
     for (int m = 0; m < g.kind_m_tiles(k); ++m) {
       for (int n = 0; n < g.n_tiles[k]; ++n) EXPECT_EQ((seen[{k, m, n}]), 1) << k << " " << m << " " << n;
     }
   }
   // The prologue (token rows, no schedule needed) comes first: the GEMM
   // roles read the schedule only for tickets past it.
-  ForwardGeometry no_schedule = g;
+  PassGeometry<P> no_schedule = g;
   no_schedule.padded_rows = 0;
   for (int64_t ticket = 0; ticket < task_count(no_schedule); ++ticket) {
-    EXPECT_EQ(Pass::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows, Rows::kTokens) << ticket;
+    EXPECT_EQ(P::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows, Rows::kTokens) << ticket;
   }
 
   // Every signal, by counter.
-  std::vector<std::vector<SignalEvent>> events(Pass::kNumCounters);
+  std::vector<std::vector<SignalEvent>> events(P::kNumCounters);
   auto add_signals = [&](const CounterSignal (&signals)[kMaxSignals], int32_t mb, int32_t m_tile, int64_t depends_on) {
     for (const CounterSignal& s : signals) {
       if (s.counter == kNoCounter) continue;
-      const Span span = Pass::kCounters[s.counter].span;
+      const Span span = P::kCounters[s.counter].span;
       events[s.counter].push_back({counter_index(g, span, mb, m_tile),
                                    span_cycles(span) ? g.generation_of(mb) : 0u, depends_on});
     }
   };
   for (size_t i = 0; i < tasks.size(); ++i) {
-    add_signals(Pass::kKinds[tasks[i].kind].signals, tasks[i].minibatch, tasks[i].m_tile, static_cast<int64_t>(i));
+    add_signals(P::kKinds[tasks[i].kind].signals, tasks[i].minibatch, tasks[i].m_tile, static_cast<int64_t>(i));
   }
   // The signals a wait needs: every signal of its counter index in the
   // generations it covers. Their count must be the target exactly, and the
   // largest ticket they depend on is returned.
   auto needed = [&](CounterWait w, int32_t mb, int32_t m_tile, const std::string& who) -> int64_t {
-    const Span span = Pass::kCounters[w.counter].span;
+    const Span span = P::kCounters[w.counter].span;
     const int32_t index = counter_index(g, span, mb, m_tile);
     const uint32_t generation = span_cycles(span) ? g.generation_of(mb) : 0u;
     const uint32_t generations = generation + (w.await == Await::kReady ? 1u : 0u);
@@ -538,7 +539,7 @@ void check_table_order(const ForwardGeometry& g) {
     int64_t latest = -1;
     for (const SignalEvent& e : events[w.counter]) {
       if (e.index != index || e.generation >= generations) continue;
-      if (Pass::kCounters[w.counter].stores_generation) {
+      if (P::kCounters[w.counter].stores_generation) {
         count = std::max(count, e.generation + 1);
       } else {
         ++count;
@@ -553,17 +554,17 @@ void check_table_order(const ForwardGeometry& g) {
   int64_t dispatch_depends_on = -1;
   for (int32_t m_tile = 0; m_tile < g.m_tiles(); ++m_tile) {
     const int32_t mb = m_tile / g.tiles_per_minibatch();
-    for (const CounterWait& w : Pass::Dispatch::value.waits) {
+    for (const CounterWait& w : P::Dispatch::value.waits) {
       if (w.counter == kNoCounter) continue;
       dispatch_depends_on =
           std::max(dispatch_depends_on, needed(w, mb, m_tile, "dispatch of m-tile " + std::to_string(m_tile)));
     }
-    add_signals(Pass::Dispatch::value.signals, mb, m_tile, dispatch_depends_on);
+    add_signals(P::Dispatch::value.signals, mb, m_tile, dispatch_depends_on);
   }
   // Every task's waits: met by signals of smaller tickets only.
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
-    for (const CounterWait& w : Pass::kKinds[t.kind].waits) {
+    for (const CounterWait& w : P::kKinds[t.kind].waits) {
       if (w.counter == kNoCounter) continue;
       const int64_t latest = needed(w, t.minibatch, t.m_tile, "ticket " + std::to_string(i));
       EXPECT_LT(latest, static_cast<int64_t>(i)) << "ticket " << i << " (kind " << t.kind << ") waits on counter "
@@ -571,7 +572,7 @@ void check_table_order(const ForwardGeometry& g) {
     }
   }
   // The combine's waits count every signal of the pass.
-  for (const CounterWait& w : Pass::Combine::value.waits) {
+  for (const CounterWait& w : P::Combine::value.waits) {
     if (w.counter != kNoCounter) needed(w, 0, 0, "combine");
   }
 }

@@ -201,3 +201,51 @@ TEST(ProcessWorld, CheckAfterClosePeersStillReportsTheLastPass) {
 }
 
 }  // namespace
+
+namespace {
+
+// A pass captured in a CUDA graph replays the tensors it was captured with;
+// one whose tensor maps would have to be built during the capture is refused
+// (the capture would record a host copy that replays stale maps).
+TEST(GraphCapture, APassWithTheLastPassesTensorsReplaysItsBitsAndOneWithNewTensorsIsRefused) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 2, 96);
+  mok::FusedForward forward(config, small_ring());
+  mok::DeviceLayer first(mok::synthetic::make_layer(config, 31));
+  mok::DeviceLayer second(mok::synthetic::make_layer(config, 32));
+  const std::vector<uint16_t> eager = one_pass(forward, first);
+
+  Stream stream;
+  cudaGraph_t graph = nullptr;
+  MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  forward.run(first.tensors(), stream.get());
+  MOK_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  MOK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    first.poison_outputs();
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+    MOK_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    forward.check(stream.get());
+    EXPECT_EQ(first.download_outputs(), eager) << "replay " << replay;
+  }
+  MOK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MOK_CUDA_CHECK(cudaGraphDestroy(graph));
+
+  MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  try {
+    forward.run(second.tensors(), stream.get());
+    ADD_FAILURE() << "a capture that needed new tensor maps was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("captured in a CUDA graph"), std::string::npos) << e.what();
+  }
+  cudaGraph_t abandoned = nullptr;
+  cudaStreamEndCapture(stream.get(), &abandoned);
+  if (abandoned != nullptr) cudaGraphDestroy(abandoned);
+  cudaGetLastError();
+  // The world is intact: an eager pass with the new tensors runs.
+  mok::DeviceLayer& again = second;
+  EXPECT_FALSE(one_pass(forward, again).empty());
+}
+
+}  // namespace

@@ -104,12 +104,15 @@ __device__ __forceinline__ uint16_t* output_base(const RankView& v) {
   return nullptr;
 }
 
-// Whether a kind's output rows go to home ranks (the row resolver finds where).
+// The width of a kind's output rows when they go to home ranks (the row
+// resolver finds where), else 0.
 template <class Pass>
-__device__ __forceinline__ bool goes_home(int32_t kind) {
-  bool home = false;
-  protocol::visit_kind<Pass>(kind, [&](auto K) { home = Pass::kKinds[K].out == protocol::Tensor::kHomeCombine; });
-  return home;
+__device__ __forceinline__ int64_t home_row_width(int32_t kind, const protocol::PassShape& shape) {
+  int64_t width = 0;
+  protocol::visit_kind<Pass>(kind, [&](auto K) {
+    if (Pass::kKinds[K].out == protocol::Tensor::kHomeCombine) width = protocol::dim_of(shape, Pass::kKinds[K].n);
+  });
+  return width;
 }
 
 }  // namespace mok::device

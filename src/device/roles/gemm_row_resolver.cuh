@@ -18,20 +18,23 @@ __device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope>& ctx, Fuse
   using Pass = typename RoleContext<kScope>::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
-  const int H = ctx.params.hidden, top_k = ctx.params.top_k;
+  const int top_k = ctx.params.top_k;
+  const protocol::PassShape shape = ctx.shape();
   SlotCursor<kTaskSlots> at;
   for (;;) {
     const int slot = at.slot;
     mbarrier_wait_parity(&smem.task_full[slot], at.phase);
     const GemmTask task = smem.tasks[slot];
     if (task.kind == protocol::kNoTask) return;
-    if (goes_home<Pass>(task.kind)) {
+    // Home rows are [T * k, n] on the home rank, one per (token, slot).
+    const int64_t width = home_row_width<Pass>(task.kind, shape);
+    if (width > 0) {
       const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
       for (int i = lane; i < FusedGemmCfg::kBlockM; i += 32) {
         const RowSource src = load_row_source(&rows[i]);
         smem.row_destination[slot][i] =
             is_padding(src) ? nullptr
-                            : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * H;
+                            : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * width;
       }
     }
     __syncwarp();
