@@ -432,16 +432,7 @@ int run_gpu(const Options& o) {
   mok::ReferenceOptions ref_options;
   ref_options.num_threads = o.threads;
   const mok::ReferenceForward ref = mok::reference_forward(layer.inputs(), schedule, ref_options);
-  double err2 = 0, ref2 = 0;
-  size_t at = 0;
-  for (const auto& rank : ref.out) {
-    for (double v : rank) {
-      const double d = mok::bf16_bits_to_float(out[at++]) - v;
-      err2 += d * d;
-      ref2 += v * v;
-    }
-  }
-  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  const double rel = mok::relative_l2_error(out, ref.out);
   std::printf("[3/3] vs CPU reference: relative L2 error %.2e (%s), %.3f s\n", rel, rel < 1e-2 ? "ok" : "TOO LARGE",
               seconds_since(start));
   return rel < 1e-2 ? 0 : 1;

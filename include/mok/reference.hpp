@@ -73,4 +73,10 @@ ReferenceBackward reference_backward(const LayerInputs& inputs, const WorldSched
                                      std::span<const float* const> dout,
                                      const ReferenceOptions& options = {});
 
+// How far bf16 outputs (every rank's, concatenated in rank order) are from a
+// reference's per-rank values: ||out - ref|| / ||ref|| over all of them. An
+// unwritten (NaN) output counts as a huge error; a size mismatch throws
+// mok::Error. The one comparison mok_cli and the GPU tests use.
+double relative_l2_error(std::span<const uint16_t> out_bf16, const std::vector<std::vector<double>>& reference);
+
 }  // namespace mok

@@ -517,3 +517,19 @@ TEST(Layer, SameGlobalBatchForEverySplit) {
 
 }  // namespace
 }  // namespace mok
+
+// The one comparison of bf16 outputs with a reference (mok_cli, GPU tests).
+TEST(RelativeL2Error, ZeroForExactOutputsLargeForUnwrittenOnesAndRefusesAMismatch) {
+  const std::vector<std::vector<double>> ref = {{1.0, -2.0}, {}, {0.5}};
+  std::vector<uint16_t> out;
+  for (const auto& rank : ref) {
+    for (double v : rank) out.push_back(mok::float_to_bf16_bits(static_cast<float>(v)));
+  }
+  EXPECT_EQ(mok::relative_l2_error(out, ref), 0.0);
+  out[1] = mok::float_to_bf16_bits(-2.5f);  // off by 0.5 of ||ref|| = 2.29
+  EXPECT_NEAR(mok::relative_l2_error(out, ref), 0.5 / std::sqrt(1.0 + 4.0 + 0.25), 1e-12);
+  out[2] = 0xFFFF;  // a bf16 NaN: never written
+  EXPECT_GT(mok::relative_l2_error(out, ref), 1e10);
+  out.pop_back();
+  EXPECT_THROW(mok::relative_l2_error(out, ref), mok::Error);
+}

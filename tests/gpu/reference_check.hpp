@@ -20,17 +20,7 @@ inline double relative_error_to_reference(const std::vector<uint16_t>& out, cons
   const auto schedule = build_schedule(layer.config, routing, {128, 1});
   ReferenceOptions options;
   options.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto ref = reference_forward(layer.inputs(), schedule, options);
-  double err2 = 0, ref2 = 0;
-  size_t at = 0;
-  for (const auto& rank : ref.out) {
-    for (double v : rank) {
-      const double d = bf16_bits_to_float(out.at(at++)) - v;
-      err2 += std::isnan(d) ? 1e30 : d * d;
-      ref2 += v * v;
-    }
-  }
-  return std::sqrt(err2 / std::max(ref2, 1e-30));
+  return relative_l2_error(out, reference_forward(layer.inputs(), schedule, options).out);
 }
 
 }  // namespace mok::test_support
