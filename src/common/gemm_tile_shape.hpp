@@ -31,6 +31,7 @@ struct GemmTileShape {
   EpilogueKind epilogue;
   ElementType element = ElementType::kBF16;
   OperandMajor b_major = OperandMajor::kK;
+  OperandMajor a_major = OperandMajor::kK;  // kMN: A as [K, M] (a weight gradient's rows^T)
 
   // K per pipeline stage: one 128-byte swizzle row of the element type.
   constexpr int32_t block_k() const { return 128 / element_bytes(element); }

@@ -167,6 +167,14 @@ MOK_HD bool wait_at_least(Sync& sync, AbortView waiter_view, const uint32_t* cou
 }
 
 // ---- the pass's counters, as its table says ---------------------------------
+// Which local expert a piece of work belongs to, for per-expert counters
+// (pass_table.hpp, Span::kExpert): the expert, and its schedule m-tiles
+// (what a per-expert target counts). The forward has no such counter.
+struct ExpertOfWork {
+  int32_t expert = -1;
+  int32_t schedule_m_tiles = 0;
+};
+
 // The work on (minibatch, m_tile) -- a GEMM task, or a role's share -- waits
 // for `w` on `owner`'s counters (its own, or a peer's polled over NVLink; no
 // remote atomics) laid out by `owner_geometry`.
@@ -174,13 +182,14 @@ MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Pass>
 MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& owner_counters,
                          const PassGeometry<Pass>& owner_geometry, CounterWait w, int32_t minibatch, int32_t m_tile,
-                         int32_t waiter_rank, int32_t owner_rank) {
+                         int32_t waiter_rank, int32_t owner_rank, ExpertOfWork of = {}) {
   bool ok = true;
   visit_kind_from<0, Pass::kNumCounters>(w.counter, [&](auto C) {
     constexpr CounterSpec spec = Pass::kCounters[C];
-    const int32_t index = counter_index(owner_geometry, spec.span, minibatch, m_tile);
+    const int32_t index = counter_index(owner_geometry, spec.span, minibatch, m_tile, of.expert);
     const uint32_t generation = span_cycles(spec.span) ? owner_geometry.generation_of(minibatch) : 0u;
-    ok = wait_at_least(s, waiter, owner_counters.counter[C] + index, wait_target(owner_geometry, w, generation),
+    ok = wait_at_least(s, waiter, owner_counters.counter[C] + index,
+                       wait_target(owner_geometry, w, generation, of.schedule_m_tiles),
                        static_cast<CounterId>(spec.report_id), waiter_rank, owner_rank, index);
   });
   return ok;
@@ -189,10 +198,10 @@ MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& ow
 MOK_EXEC_CHECK_DISABLE
 template <class Sync, class Pass>
 MOK_HD void signal_counter(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t counter,
-                           int32_t minibatch, int32_t m_tile) {
+                           int32_t minibatch, int32_t m_tile, ExpertOfWork of = {}) {
   visit_kind_from<0, Pass::kNumCounters>(counter, [&](auto C) {
     constexpr CounterSpec spec = Pass::kCounters[C];
-    uint32_t* word = c.counter[C] + counter_index(g, spec.span, minibatch, m_tile);
+    uint32_t* word = c.counter[C] + counter_index(g, spec.span, minibatch, m_tile, of.expert);
     if constexpr (spec.stores_generation) {
       s.store_release(word, g.generation_of(minibatch) + 1u);
     } else {
@@ -206,12 +215,12 @@ MOK_HD void signal_counter(Sync& s, const PassCounters<Pass>& c, const PassGeome
 MOK_EXEC_CHECK_DISABLE
 template <class Spec, class Sync, class Pass>
 MOK_HD bool wait_inputs(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t minibatch,
-                        int32_t m_tile, int32_t rank) {
+                        int32_t m_tile, int32_t rank, ExpertOfWork of = {}) {
   bool ok = true;
   for_each_index<kMaxWaits>([&](auto I) {
     constexpr CounterWait w = Spec::value.waits[I];
     if constexpr (w.counter != kNoCounter) {
-      if (ok) ok = wait_counter(s, c.abort_view(), c, g, w, minibatch, m_tile, rank, rank);
+      if (ok) ok = wait_counter(s, c.abort_view(), c, g, w, minibatch, m_tile, rank, rank, of);
     }
   });
   return ok;
@@ -220,10 +229,10 @@ MOK_HD bool wait_inputs(Sync& s, const PassCounters<Pass>& c, const PassGeometry
 MOK_EXEC_CHECK_DISABLE
 template <class Spec, class Sync, class Pass>
 MOK_HD void signal_outputs(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t minibatch,
-                           int32_t m_tile) {
+                           int32_t m_tile, ExpertOfWork of = {}) {
   for_each_index<kMaxSignals>([&](auto I) {
     constexpr CounterSignal signal = Spec::value.signals[I];
-    if constexpr (signal.counter != kNoCounter) signal_counter(s, c, g, signal.counter, minibatch, m_tile);
+    if constexpr (signal.counter != kNoCounter) signal_counter(s, c, g, signal.counter, minibatch, m_tile, of);
   });
 }
 

@@ -59,13 +59,16 @@ enum class Tensor : int32_t {
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) { return static_cast<int32_t>(t) < kNumMappedTensors; }
 
-// A layer dimension, resolved against PassShape at run time.
-enum class Dim : int32_t { kHidden, kIntermediate, kSharedWidth };
+// A layer dimension, resolved against PassShape at run time (kNone: 0, for a
+// field a kind does not use).
+enum class Dim : int32_t { kHidden, kIntermediate, kSharedWidth, kTwoIntermediate, kTwoSharedWidth, kNone };
 
 // Whose rows a task's m-tile holds.
 enum class Rows : int32_t {
   kSchedule,  // schedule rows, staged in the ring slot of their minibatch
   kTokens,    // the rank's own tokens, in token order
+  kExpert,    // one local expert's output tile, reducing over all its schedule
+              // rows (a weight gradient): K is that expert's padded rows
 };
 
 // What one index of a counter array stands for.
@@ -74,6 +77,7 @@ enum class Span : int32_t {
   kRingSlot,   // one ring slot
   kTokenTile,  // one m-tile of the rank's own tokens
   kWhole,      // the whole pass (one word)
+  kExpert,     // one local expert
 };
 
 // Which generation of a counter's index a wait needs.
@@ -85,6 +89,7 @@ enum class Await : int32_t {
 inline constexpr int32_t kMaxWaits = 2;
 inline constexpr int32_t kMaxSignals = 2;
 inline constexpr int32_t kNoCounter = -1;
+inline constexpr int32_t kNoTaskKind = -1;
 
 // (Structs with defaults, not plain ints: entries a table leaves out of a
 // braced list then mean "none", where an int would mean counter 0.)
@@ -113,6 +118,7 @@ struct TaskKindSpec {
   Tensor out;          // where each output row goes
   CounterWait waits[kMaxWaits];        // inputs, in the order they are awaited
   CounterSignal signals[kMaxSignals];  // raised once the task's outputs are visible
+  Dim m = Dim::kNone;                  // Rows::kExpert: the output's rows (a weight's rows)
 };
 
 // The waits and signals of a role that is not a GEMM task (dispatch of one
@@ -142,10 +148,19 @@ struct PipelineEntry {
 struct PassShape {
   int32_t tile_m, minibatch_rows, ring_slots, lookahead;
   int32_t hidden, intermediate, shared_width;
+  int32_t local_experts = 0;  // passes with per-expert kinds or counters only
 };
 
 MOK_HD constexpr int32_t dim_of(const PassShape& s, Dim d) {
-  return d == Dim::kHidden ? s.hidden : d == Dim::kIntermediate ? s.intermediate : s.shared_width;
+  switch (d) {
+    case Dim::kHidden: return s.hidden;
+    case Dim::kIntermediate: return s.intermediate;
+    case Dim::kSharedWidth: return s.shared_width;
+    case Dim::kTwoIntermediate: return 2 * s.intermediate;
+    case Dim::kTwoSharedWidth: return 2 * s.shared_width;
+    case Dim::kNone: return 0;
+  }
+  return 0;
 }
 
 // ---- visiting a kind known only at run time ---------------------------------
@@ -179,51 +194,129 @@ MOK_HD constexpr void for_each_index(F&& f) {
   }(std::make_integer_sequence<int32_t, kCount>{});
 }
 
+// ---- optional parts of a table -----------------------------------------------
+// kFinale[]: per-expert kinds handed out after the pipeline, expert by expert.
+template <class Pass>
+constexpr bool has_finale() {
+  return requires { Pass::kFinale; };
+}
+template <class Pass>
+constexpr int32_t finale_size() {
+  if constexpr (has_finale<Pass>()) {
+    return static_cast<int32_t>(sizeof(Pass::kFinale) / sizeof(int32_t));
+  } else {
+    return 0;
+  }
+}
+template <class Pass>
+constexpr int32_t finale_kind(int32_t i) {
+  if constexpr (has_finale<Pass>()) {
+    return Pass::kFinale[i];
+  } else {
+    (void)i;
+    return kNoTaskKind;
+  }
+}
+// Whether a pass has per-expert kinds or counters (the forward has neither,
+// and its geometry carries nothing for them).
+template <class Pass>
+constexpr bool has_expert_work() {
+  for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    if (Pass::kKinds[k].rows == Rows::kExpert) return true;
+  }
+  for (int32_t c = 0; c < Pass::kNumCounters; ++c) {
+    if (Pass::kCounters[c].span == Span::kExpert) return true;
+  }
+  return false;
+}
+
 // ---- what a table must satisfy (checked at compile time) ----------------------
-// Every kind is handed out exactly once, by the prologue (own-token kinds,
-// which need no schedule) or by the pipeline (schedule-row kinds); a kind of
-// own tokens moves no ring counter (it has no minibatch); a ring-slot counter
-// is only awaited for the previous generation (the last minibatch may be
-// short, so "this generation's slot is complete" has no fixed target); every
-// counter named exists.
+// Every kind is handed out exactly once: by the prologue (own-token kinds,
+// which need no schedule), the pipeline (schedule-row kinds) or the finale
+// (per-expert kinds); a kind without a minibatch (own tokens, per expert)
+// moves no ring counter, and a kind of own tokens no per-expert one; a
+// ring-slot counter is only awaited for the previous generation (the last
+// minibatch may be short, so "this generation's slot is complete" has no
+// fixed target); every counter named exists.
 template <class Pass>
 constexpr bool pass_table_is_consistent() {
   constexpr int32_t kPrologueKinds = static_cast<int32_t>(sizeof(Pass::kPrologue) / sizeof(int32_t));
   constexpr int32_t kPipelineKinds = static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry));
   for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    const TaskKindSpec& spec = Pass::kKinds[k];
     int32_t seen = 0;
     for (int32_t p = 0; p < kPrologueKinds; ++p) {
       if (Pass::kPrologue[p] != k) continue;
       ++seen;
-      if (Pass::kKinds[k].rows != Rows::kTokens) return false;
+      if (spec.rows != Rows::kTokens) return false;
     }
     for (int32_t p = 0; p < kPipelineKinds; ++p) {
       if (Pass::kPipeline[p].kind != k) continue;
       ++seen;
-      if (Pass::kKinds[k].rows != Rows::kSchedule) return false;
+      if (spec.rows != Rows::kSchedule) return false;
+    }
+    for (int32_t p = 0; p < finale_size<Pass>(); ++p) {
+      if (finale_kind<Pass>(p) != k) continue;
+      ++seen;
+      if (spec.rows != Rows::kExpert) return false;
     }
     if (seen != 1) return false;
-    const TaskKindSpec& spec = Pass::kKinds[k];
+    auto allowed = [&](int32_t counter) {
+      if (counter < 0 || counter >= Pass::kNumCounters) return false;
+      const Span span = Pass::kCounters[counter].span;
+      const bool ring = span == Span::kRingTile || span == Span::kRingSlot;
+      if (spec.rows != Rows::kSchedule && ring) return false;
+      if (spec.rows == Rows::kTokens && span == Span::kExpert) return false;
+      return true;
+    };
     for (const CounterWait& w : spec.waits) {
       if (w.counter == kNoCounter) continue;
-      if (w.counter < 0 || w.counter >= Pass::kNumCounters) return false;
-      const Span span = Pass::kCounters[w.counter].span;
-      if (spec.rows == Rows::kTokens && (span == Span::kRingTile || span == Span::kRingSlot)) return false;
-      if (span == Span::kRingSlot && w.await == Await::kReady) return false;
+      if (!allowed(w.counter)) return false;
+      if (Pass::kCounters[w.counter].span == Span::kRingSlot && w.await == Await::kReady) return false;
     }
-    for (const CounterSignal& s : spec.signals) {
-      if (s.counter == kNoCounter) continue;
-      if (s.counter < 0 || s.counter >= Pass::kNumCounters) return false;
-      const Span span = Pass::kCounters[s.counter].span;
-      if (spec.rows == Rows::kTokens && (span == Span::kRingTile || span == Span::kRingSlot)) return false;
+    for (const CounterSignal& sig : spec.signals) {
+      if (sig.counter != kNoCounter && !allowed(sig.counter)) return false;
     }
   }
   return true;
 }
 
 // ---- geometry -----------------------------------------------------------------
+// What a pass with per-expert work needs besides (nothing, for the forward:
+// the empty base adds no bytes).
+template <class Pass, bool = has_expert_work<Pass>()>
+struct ExpertGeometry {};
 template <class Pass>
-struct PassGeometry {
+struct ExpertGeometry<Pass, true> {
+  int32_t local_experts;                    // El
+  int32_t expert_m_tiles[Pass::kNumKinds];  // Rows::kExpert kinds: output row tiles per expert
+};
+
+// A per-expert kind's output row tiles per expert, and over all experts (0
+// for a pass without per-expert work, whose geometry has no such fields).
+template <class Pass>
+MOK_HD int32_t expert_m_tiles_of(const ExpertGeometry<Pass>& g, int32_t kind) {
+  if constexpr (has_expert_work<Pass>()) {
+    return g.expert_m_tiles[kind];
+  } else {
+    (void)g;
+    (void)kind;
+    return 0;
+  }
+}
+template <class Pass>
+MOK_HD int32_t all_experts_m_tiles_of(const ExpertGeometry<Pass>& g, int32_t kind) {
+  if constexpr (has_expert_work<Pass>()) {
+    return g.local_experts * g.expert_m_tiles[kind];
+  } else {
+    (void)g;
+    (void)kind;
+    return 0;
+  }
+}
+
+template <class Pass>
+struct PassGeometry : ExpertGeometry<Pass> {
   int32_t padded_rows;      // P: this rank's schedule rows (multiple of tile_m)
   int32_t tile_m;           // GEMM tile height
   int32_t minibatch_rows;   // multiple of tile_m
@@ -253,10 +346,20 @@ struct PassGeometry {
   MOK_HD int32_t slot_of(int32_t mb) const { return mb % ring_slots; }
   MOK_HD uint32_t generation_of(int32_t mb) const { return static_cast<uint32_t>(mb / ring_slots); }
   MOK_HD int32_t ring_tiles() const { return ring_slots * tiles_per_minibatch(); }
-  // m-tiles of a kind: schedule or token m-tiles.
+  // m-tiles of a kind: schedule or token m-tiles, or (per-expert kinds)
+  // every expert's output row tiles, expert-major.
   MOK_HD int32_t kind_m_tiles(int32_t kind) const {
     int32_t m = 0;
-    visit_kind<Pass>(kind, [&](auto K) { m = Pass::kKinds[K].rows == Rows::kSchedule ? m_tiles() : token_m_tiles; });
+    visit_kind<Pass>(kind, [&](auto K) {
+      constexpr Rows rows = Pass::kKinds[index_of<decltype(K)>].rows;
+      if constexpr (rows == Rows::kSchedule) {
+        m = m_tiles();
+      } else if constexpr (rows == Rows::kTokens) {
+        m = token_m_tiles;
+      } else {
+        m = all_experts_m_tiles_of<Pass>(*this, index_of<decltype(K)>);
+      }
+    });
     return m;
   }
 };
@@ -278,9 +381,16 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
   g.token_m_tiles = (tokens + s.tile_m - 1) / s.tile_m;
   for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr TaskKindSpec spec = Pass::kKinds[K];
-    const int32_t n = dim_of(s, spec.n), k = dim_of(s, spec.k);
+    const int32_t n = dim_of(s, spec.n);
+    // A per-expert kind's K is its expert's rows, known only with the schedule.
+    const int32_t k = spec.rows == Rows::kExpert ? 1 : dim_of(s, spec.k);
     g.n_tiles[K] = n > 0 && k > 0 ? (n + spec.tile.out_cols() - 1) / spec.tile.out_cols() : 0;
+    if constexpr (has_expert_work<Pass>()) {
+      const int32_t m = dim_of(s, spec.m);
+      g.expert_m_tiles[K] = spec.rows == Rows::kExpert ? (m + spec.tile.block_m - 1) / spec.tile.block_m : 0;
+    }
   });
+  if constexpr (has_expert_work<Pass>()) g.local_experts = s.local_experts;
   return g;
 }
 
@@ -322,7 +432,7 @@ MOK_HD int64_t max_task_count(const PassShape& s, int32_t tokens, int64_t max_sc
   const int64_t schedule_m_tiles = (max_schedule_rows + s.tile_m - 1) / s.tile_m;
   int64_t count = 0;
   for_each_index<Pass::kNumKinds>([&](auto K) {
-    const int64_t m_tiles = Pass::kKinds[K].rows == Rows::kSchedule ? schedule_m_tiles : g.token_m_tiles;
+    const int64_t m_tiles = Pass::kKinds[K].rows == Rows::kSchedule ? schedule_m_tiles : g.kind_m_tiles(K);
     count += m_tiles * g.n_tiles[K];
   });
   return count;
@@ -413,7 +523,40 @@ MOK_HD Task decode_task(const PassGeometry<Pass>& g, int64_t ticket64) {
   for (; s <= last_step; ++s) {
     if (detail::pipeline_step(g, s, M, ticket, task)) return task;
   }
+  // 4. The finale: per-expert blocks, expert by expert; each expert's block
+  //    has the same size (its kinds' output tiles), so in closed form too.
+  if constexpr (has_finale<Pass>()) {
+    int32_t per_expert = 0;
+    for_each_index<finale_size<Pass>()>([&](auto F) {
+      constexpr int32_t kind = Pass::kFinale[F];
+      per_expert += g.expert_m_tiles[kind] * g.n_tiles[kind];
+    });
+    if (per_expert > 0 && ticket < g.local_experts * per_expert) {
+      const int32_t expert = ticket / per_expert;
+      int32_t in_expert = ticket % per_expert;
+      bool placed = false;
+      for_each_index<finale_size<Pass>()>([&](auto F) {
+        constexpr int32_t kind = Pass::kFinale[F];
+        const int32_t n = g.n_tiles[kind];
+        const int32_t size = g.expert_m_tiles[kind] * n;
+        if (placed) return;
+        if (in_expert < size) {
+          task = {kind, -1, expert * g.expert_m_tiles[kind] + in_expert / n, in_expert % n};
+          placed = true;
+        } else {
+          in_expert -= size;
+        }
+      });
+      return task;
+    }
+  }
   return Task{kNoTask, -1, -1, -1};
+}
+
+// The local expert of a per-expert kind's task (its m-tile is expert-major).
+template <class Pass>
+MOK_HD int32_t expert_of_task(const PassGeometry<Pass>& g, const Task& t) {
+  return t.m_tile / g.expert_m_tiles[t.kind];
 }
 
 // ---- counter indices and targets ---------------------------------------------
@@ -437,19 +580,25 @@ MOK_HD int32_t counter_length(const PassGeometry<Pass>& g, Span span) {
     case Span::kRingSlot: return g.ring_slots;
     case Span::kTokenTile: return g.token_m_tiles;
     case Span::kWhole: return 1;
+    case Span::kExpert:
+      if constexpr (has_expert_work<Pass>()) return g.local_experts;
+      return 0;
   }
   return 0;
 }
 
-// The index of `counter` that the work on (minibatch, m_tile) waits on or
-// signals, and that index's generation.
+// The index of `counter` that the work on (minibatch, m_tile) of local
+// expert `expert` (per-expert counters only) waits on or signals, and that
+// index's generation.
 template <class Pass>
-MOK_HD int32_t counter_index(const PassGeometry<Pass>& g, Span span, int32_t minibatch, int32_t m_tile) {
+MOK_HD int32_t counter_index(const PassGeometry<Pass>& g, Span span, int32_t minibatch, int32_t m_tile,
+                             int32_t expert = -1) {
   switch (span) {
     case Span::kRingTile: return ring_tile_index(g, m_tile);
     case Span::kRingSlot: return g.slot_of(minibatch);
     case Span::kTokenTile: return m_tile;
     case Span::kWhole: return 0;
+    case Span::kExpert: return expert;
   }
   return 0;
 }
@@ -458,9 +607,11 @@ MOK_HD constexpr bool span_cycles(Span span) { return span == Span::kRingTile ||
 // Signals one index of `counter` receives per generation: one store, or one
 // add per task of every kind that signals it (per ring tile: the m-tile's
 // n-tiles; per slot: a full minibatch's; per token tile: its n-tiles; for
-// the whole pass: every task of the kind).
+// the whole pass: every task of the kind; per expert: the expert's schedule
+// m-tiles' n-tiles -- data, given as `expert_m_tiles` -- or a per-expert
+// kind's tiles of that expert).
 template <class Pass>
-MOK_HD uint32_t signals_per_generation(const PassGeometry<Pass>& g, int32_t counter) {
+MOK_HD uint32_t signals_per_generation(const PassGeometry<Pass>& g, int32_t counter, int32_t expert_m_tiles = 0) {
   uint32_t total = 0;
   visit_kind_from<0, Pass::kNumCounters>(counter, [&](auto C) {
     constexpr CounterSpec spec = Pass::kCounters[C];
@@ -474,6 +625,13 @@ MOK_HD uint32_t signals_per_generation(const PassGeometry<Pass>& g, int32_t coun
             uint32_t tiles = 1;
             if constexpr (span == Span::kRingSlot) tiles = static_cast<uint32_t>(g.tiles_per_minibatch());
             if constexpr (span == Span::kWhole) tiles = static_cast<uint32_t>(g.kind_m_tiles(K));
+            if constexpr (span == Span::kExpert) {
+              if constexpr (Pass::kKinds[index_of<decltype(K)>].rows == Rows::kExpert) {
+                tiles = static_cast<uint32_t>(expert_m_tiles_of<Pass>(g, index_of<decltype(K)>));
+              } else {
+                tiles = static_cast<uint32_t>(expert_m_tiles);
+              }
+            }
             total += tiles * static_cast<uint32_t>(g.n_tiles[K]);
           }
         });
@@ -484,8 +642,9 @@ MOK_HD uint32_t signals_per_generation(const PassGeometry<Pass>& g, int32_t coun
 }
 
 template <class Pass>
-MOK_HD uint32_t wait_target(const PassGeometry<Pass>& g, CounterWait w, uint32_t generation) {
-  return (generation + (w.await == Await::kReady ? 1u : 0u)) * signals_per_generation(g, w.counter);
+MOK_HD uint32_t wait_target(const PassGeometry<Pass>& g, CounterWait w, uint32_t generation,
+                            int32_t expert_m_tiles = 0) {
+  return (generation + (w.await == Await::kReady ? 1u : 0u)) * signals_per_generation(g, w.counter, expert_m_tiles);
 }
 
 }  // namespace mok::protocol

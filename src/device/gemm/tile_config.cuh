@@ -62,6 +62,7 @@ struct GemmTileConfig {
   static_assert(kEpilogue != EpilogueKind::kSwiGLU || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");
   static_assert(kOutCols % 64 == 0, "the epilogue stores 64-column slabs");
+  static_assert(kShape.a_major == OperandMajor::kK, "this build loads A K-major only");
   static_assert(kBMajor == OperandMajor::kK || kEpilogue == EpilogueKind::kPlain,
                 "an MN-major B is for plain tiles (a SwiGLU B interleaves gate and up rows along N)");
 };
