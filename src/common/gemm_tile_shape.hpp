@@ -11,6 +11,9 @@ namespace mok {
 enum class EpilogueKind : int32_t {
   kPlain = 0,   // out[m, n] = sum_k A[m, k] * B[n, k], rounded to bf16
   kSwiGLU = 1,  // out[m, n] = silu(gate) * up: B holds gate rows then up rows (w13), half the columns out
+  // The backward's (docs/backward-design.md; no device epilogue exists yet):
+  kSwiGLUBackward = 2,  // acc = g: writes [da | db], w * h and <g, h> parts from the saved gate/up
+  kWeightGrad = 3,      // fp32 tile of a weight gradient, stored or added to the caller's buffer
 };
 
 // Operand element type. Each type has its own wgmma instruction and K step;

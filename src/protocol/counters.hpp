@@ -37,6 +37,11 @@ enum class CounterId : uint32_t {
   kWorldFinished = 12,  // world_barrier.hpp: a rank waited for a peer to finish the pass
   kScheduleScanned = 13,
   kBadWeight = 14,  // not a counter: a routing weight that is NaN or infinite
+  // The backward's (pass_backward.hpp):
+  kExpertRowsDone = 15,  // every row of a local expert is through
+  kRowsFilled = 16,      // an m-tile's dout and x rows are in place
+  kD13Ready = 17,        // an m-tile's [da | db] columns are stored
+  kDxDone = 18,          // an owner's dx rows are in their home rows
 };
 
 inline const char* counter_name(CounterId id) {
@@ -53,6 +58,10 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleFilled: return "schedule_filled";
     case CounterId::kBadRouting: return "bad routing entry";
     case CounterId::kBadWeight: return "non-finite routing weight";
+    case CounterId::kExpertRowsDone: return "expert_rows_done";
+    case CounterId::kRowsFilled: return "rows_filled";
+    case CounterId::kD13Ready: return "d13_ready";
+    case CounterId::kDxDone: return "dx_done";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";

@@ -55,6 +55,16 @@ enum class Tensor : int32_t {
   kSharedW2 = 7,   // bf16 [H, S]
   kSharedOut = 8,  // bf16 [T, H]: the shared expert's output, read by the combine
   kHomeCombine = 9,  // bf16 [T * k, H] on the token's home rank: one row per (token, slot)
+  // The backward's (docs/backward-design.md; its tensor maps will have their
+  // own indices): dout and gathered rows of the whole schedule.
+  kDout = 10,             // bf16 [T, H]: dL/dout of the rank's own tokens
+  kDoutRows = 11,         // bf16 [P, H]: dout of every schedule row
+  kXRows = 12,            // bf16 [P, H]: x of every schedule row
+  kD13Rows = 13,          // bf16 [P, 2I]: [da | db] of every schedule row
+  kHwRows = 17,           // bf16 [P, I]: w * h of every schedule row
+  kSharedD13 = 14,        // bf16 [T, 2S]
+  kSharedDx = 15,         // bf16 [T, H]: the shared expert's part of dx
+  kExpertWeightGrad = 16, // fp32 dW13[e] [2I, H] or dW2[e] [H, I]
 };
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) { return static_cast<int32_t>(t) < kNumMappedTensors; }
@@ -423,6 +433,18 @@ MOK_HD int64_t task_count(const PassGeometry<Pass>& g) {
   return count;
 }
 
+// Tasks of the prologue (own-token kinds, which need no schedule): the
+// tickets a GEMM worker can take before the schedule exists.
+template <class Pass>
+MOK_HD int64_t prologue_task_count(const PassGeometry<Pass>& g) {
+  int64_t count = 0;
+  for_each_index<static_cast<int32_t>(sizeof(Pass::kPrologue) / sizeof(int32_t))>([&](auto P) {
+    constexpr int32_t kind = Pass::kPrologue[P];
+    count += static_cast<int64_t>(g.kind_m_tiles(kind)) * g.n_tiles[kind];
+  });
+  return count;
+}
+
 // The most tasks a pass of this shape can have, with `tokens` own tokens and
 // a schedule of up to `max_schedule_rows` rows (the host's bound on the
 // ticket space; 64-bit: an absurd shape can exceed int32).
@@ -556,7 +578,8 @@ MOK_HD Task decode_task(const PassGeometry<Pass>& g, int64_t ticket64) {
 // The local expert of a per-expert kind's task (its m-tile is expert-major).
 template <class Pass>
 MOK_HD int32_t expert_of_task(const PassGeometry<Pass>& g, const Task& t) {
-  return t.m_tile / g.expert_m_tiles[t.kind];
+  const int32_t per_expert = expert_m_tiles_of<Pass>(g, t.kind);
+  return per_expert > 0 ? t.m_tile / per_expert : -1;
 }
 
 // ---- counter indices and targets ---------------------------------------------

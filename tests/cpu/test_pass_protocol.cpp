@@ -29,6 +29,7 @@
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
 #include "protocol/host_sync.hpp"
+#include "protocol/pass_backward.hpp"
 #include "protocol/pass_forward.hpp"
 
 namespace {
@@ -485,8 +486,34 @@ struct SignalEvent {
 // The ticket order against the table, for one geometry: every task once, in
 // an order where every wait is met by signals that depend only on smaller
 // tickets, and every target counts exactly the signals that precede it.
+// `expert_first_m_tile` ([El + 1], passes with per-expert work): where each
+// local expert's schedule m-tiles start.
 template <class P>
-void check_table_order(const PassGeometry<P>& g) {
+void check_table_order(const PassGeometry<P>& g, const std::vector<int32_t>& expert_first_m_tile = {}) {
+  // The local expert a piece of work belongs to, for per-expert counters.
+  auto expert_of = [&](int32_t kind, int32_t m_tile) {
+    ExpertOfWork of;
+    if (expert_first_m_tile.empty() || kind < 0) return of;
+    if (P::kKinds[kind].rows == Rows::kSchedule) {
+      while (of.expert + 1 < static_cast<int32_t>(expert_first_m_tile.size()) - 1 &&
+             expert_first_m_tile[static_cast<size_t>(of.expert + 1)] <= m_tile) {
+        ++of.expert;
+      }
+    } else if (P::kKinds[kind].rows == Rows::kExpert) {
+      of.expert = expert_of_task(g, Task{kind, -1, m_tile, 0});
+    } else {
+      return of;
+    }
+    of.schedule_m_tiles = expert_first_m_tile[static_cast<size_t>(of.expert + 1)] -
+                          expert_first_m_tile[static_cast<size_t>(of.expert)];
+    return of;
+  };
+  constexpr int32_t kScheduleKind = [] {
+    for (int32_t k = 0; k < P::kNumKinds; ++k) {
+      if (P::kKinds[k].rows == Rows::kSchedule) return k;
+    }
+    return -1;
+  }();
   std::vector<Task> tasks;
   std::map<std::tuple<int, int, int>, int> seen;  // (kind, m_tile, n_tile) -> times
   for (int64_t ticket = 0; ticket < task_count(g); ++ticket) {
@@ -508,31 +535,32 @@ void check_table_order(const PassGeometry<P>& g) {
   }
   // The prologue (token rows, no schedule needed) comes first: the GEMM
   // roles read the schedule only for tickets past it.
-  PassGeometry<P> no_schedule = g;
-  no_schedule.padded_rows = 0;
-  for (int64_t ticket = 0; ticket < task_count(no_schedule); ++ticket) {
-    EXPECT_EQ(P::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows, Rows::kTokens) << ticket;
+  for (int64_t ticket = 0; ticket < static_cast<int64_t>(tasks.size()); ++ticket) {
+    EXPECT_EQ(P::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows == Rows::kTokens, ticket < prologue_task_count(g))
+        << ticket;
   }
 
   // Every signal, by counter.
   std::vector<std::vector<SignalEvent>> events(P::kNumCounters);
-  auto add_signals = [&](const CounterSignal (&signals)[kMaxSignals], int32_t mb, int32_t m_tile, int64_t depends_on) {
+  auto add_signals = [&](const CounterSignal (&signals)[kMaxSignals], int32_t mb, int32_t m_tile, int64_t depends_on,
+                         ExpertOfWork of) {
     for (const CounterSignal& s : signals) {
       if (s.counter == kNoCounter) continue;
       const Span span = P::kCounters[s.counter].span;
-      events[s.counter].push_back({counter_index(g, span, mb, m_tile),
+      events[s.counter].push_back({counter_index(g, span, mb, m_tile, of.expert),
                                    span_cycles(span) ? g.generation_of(mb) : 0u, depends_on});
     }
   };
   for (size_t i = 0; i < tasks.size(); ++i) {
-    add_signals(P::kKinds[tasks[i].kind].signals, tasks[i].minibatch, tasks[i].m_tile, static_cast<int64_t>(i));
+    add_signals(P::kKinds[tasks[i].kind].signals, tasks[i].minibatch, tasks[i].m_tile, static_cast<int64_t>(i),
+                expert_of(tasks[i].kind, tasks[i].m_tile));
   }
   // The signals a wait needs: every signal of its counter index in the
   // generations it covers. Their count must be the target exactly, and the
   // largest ticket they depend on is returned.
-  auto needed = [&](CounterWait w, int32_t mb, int32_t m_tile, const std::string& who) -> int64_t {
+  auto needed = [&](CounterWait w, int32_t mb, int32_t m_tile, const std::string& who, ExpertOfWork of = {}) {
     const Span span = P::kCounters[w.counter].span;
-    const int32_t index = counter_index(g, span, mb, m_tile);
+    const int32_t index = counter_index(g, span, mb, m_tile, of.expert);
     const uint32_t generation = span_cycles(span) ? g.generation_of(mb) : 0u;
     const uint32_t generations = generation + (w.await == Await::kReady ? 1u : 0u);
     uint32_t count = 0;
@@ -546,7 +574,7 @@ void check_table_order(const PassGeometry<P>& g) {
       }
       latest = std::max(latest, e.depends_on);
     }
-    EXPECT_EQ(count, wait_target(g, w, generation)) << who << " waiting on counter " << w.counter;
+    EXPECT_EQ(count, wait_target(g, w, generation, of.schedule_m_tiles)) << who << " waiting on counter " << w.counter;
     return latest;
   };
   // Dispatch, m-tile by m-tile in order (a dispatch worker takes its m-tiles
@@ -556,17 +584,17 @@ void check_table_order(const PassGeometry<P>& g) {
     const int32_t mb = m_tile / g.tiles_per_minibatch();
     for (const CounterWait& w : P::Dispatch::value.waits) {
       if (w.counter == kNoCounter) continue;
-      dispatch_depends_on =
-          std::max(dispatch_depends_on, needed(w, mb, m_tile, "dispatch of m-tile " + std::to_string(m_tile)));
+      dispatch_depends_on = std::max(dispatch_depends_on, needed(w, mb, m_tile, "dispatch of m-tile " +
+                                                                 std::to_string(m_tile), expert_of(kScheduleKind, m_tile)));
     }
-    add_signals(P::Dispatch::value.signals, mb, m_tile, dispatch_depends_on);
+    add_signals(P::Dispatch::value.signals, mb, m_tile, dispatch_depends_on, expert_of(kScheduleKind, m_tile));
   }
   // Every task's waits: met by signals of smaller tickets only.
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Task& t = tasks[i];
     for (const CounterWait& w : P::kKinds[t.kind].waits) {
       if (w.counter == kNoCounter) continue;
-      const int64_t latest = needed(w, t.minibatch, t.m_tile, "ticket " + std::to_string(i));
+      const int64_t latest = needed(w, t.minibatch, t.m_tile, "ticket " + std::to_string(i), expert_of(t.kind, t.m_tile));
       EXPECT_LT(latest, static_cast<int64_t>(i)) << "ticket " << i << " (kind " << t.kind << ") waits on counter "
                                                  << w.counter << ", raised by ticket " << latest;
     }
@@ -606,4 +634,33 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
   check_table_order(g);
 }
 
+// The backward's table (docs/backward-design.md; no kernel runs it yet): the
+// same check, with per-expert counters whose targets come from the schedule
+// (uneven experts, an empty one) and the finale of weight-gradient tiles.
+TEST(PassTable, BackwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
+  for (int minibatch_tiles : {1, 2, 3}) {
+    for (int lookahead : {1, 2}) {
+      for (const std::vector<int32_t>& expert_m_tiles :
+           {std::vector<int32_t>{2, 0, 3}, std::vector<int32_t>{1}, std::vector<int32_t>{0, 0}, std::vector<int32_t>{4, 1, 1, 2}}) {
+        std::vector<int32_t> first{0};
+        for (int32_t m : expert_m_tiles) first.push_back(first.back() + m);
+        const int32_t tile_m = 8;
+        PassShape shape{tile_m, tile_m * minibatch_tiles, 0, lookahead, 512, 384, 256};
+        shape.local_experts = static_cast<int32_t>(expert_m_tiles.size());
+        // The buffers hold the whole schedule: as many slots as minibatches.
+        shape.ring_slots = std::max(1, (first.back() + minibatch_tiles - 1) / minibatch_tiles);
+        const BackwardGeometry g = pass_geometry<BackwardPass>(shape, 13, first.back() * tile_m);
+        SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " lookahead=" << lookahead
+                                        << " experts=" << expert_m_tiles.size() << " m_tiles=" << first.back());
+        EXPECT_EQ(g.n_tiles[BackwardPass::kGrad], 2);      // I 384 / 256, rounded up
+        EXPECT_EQ(g.n_tiles[BackwardPass::kDx], 2);        // H 512 / 256
+        EXPECT_EQ(g.expert_m_tiles[BackwardPass::kWeightGrad13], 6);  // 2I 768 / 128
+        EXPECT_EQ(g.expert_m_tiles[BackwardPass::kWeightGrad2], 4);   // H 512 / 128
+        check_table_order(g, first);
+      }
+    }
+  }
+}
+
 }  // namespace
+

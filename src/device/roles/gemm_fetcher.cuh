@@ -32,7 +32,7 @@ __device__ __forceinline__ void gemm_fetcher(RoleContext<kScope>& ctx, FusedGemm
   const RankView& v = ctx.view();
   const protocol::PassGeometry<Pass> token_geometry = ctx.geometry(0);
   // The prologue's tasks (token rows) need no schedule: every later ticket does.
-  const int64_t token_tasks = protocol::task_count(token_geometry);
+  const int64_t token_tasks = protocol::prologue_task_count(token_geometry);
   protocol::PassGeometry<Pass> g = token_geometry;
   bool have_schedule = false;
   SlotCursor<kFetchSlots> queued;

@@ -1,0 +1,103 @@
+// The backward pass of one rank, as a table (docs/backward-design.md explains
+// the dataflow; the vocabulary is pass_table.hpp's). Only the table exists:
+// no kernel runs it yet. Its ticket order is checked against its waits on the
+// CPU (tests/cpu/test_pass_protocol.cpp), as the forward's is, and its
+// structure at compile time (pass_table_is_consistent).
+//
+//   kind                 rows      A            B (major)         K        out              waits                 signals
+//   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13       -                     shared_d13_ready
+//   shared dx            tokens    shared d13   shared W13 (MN)   2S       shared dx        shared_d13_ready      shared_done
+//   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows (...)   rows_filled           d13_ready, expert_rows_done
+//   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       home rows        d13_ready             dx_done
+//   dW13[e] tile         expert    d13 rows^T   x rows (MN)       rows(e)  fp32 dW13[e]     expert_rows_done[e]   -
+//   dW2[e] tile          expert    dout rows^T  w*h rows (MN)     rows(e)  fp32 dW2[e]      expert_rows_done[e]   -
+//
+//   dispatch of an m-tile: pulls the dout and x rows of its schedule rows into
+//     buffers that hold the whole schedule (nothing is recycled inside the
+//     pass: the weight gradients read every row of an expert), then signals
+//     rows_filled; it waits for nothing.
+//   combine (home rank): waits for shared_done and every owner's dx_done, then
+//     dx = shared dx + sum_j dx_j in slot order.
+//
+// Ticket order: the shared expert's kinds, then the pipeline g(m), dx(m - L),
+// then the finale: expert by expert, its dW13 tiles, then its dW2 tiles.
+// The buffers never wrap: the host gives this pass as many "ring" slots as
+// the largest schedule has minibatches, so every generation is 0. The shared
+// expert's weight gradients are not in this table yet (design, open questions).
+#pragma once
+
+#include <cstdint>
+
+#include "common/gemm_tile_shape.hpp"
+#include "protocol/counters.hpp"
+#include "protocol/pass_table.hpp"
+
+namespace mok::protocol {
+
+// The backward's tile shapes: 128 x 256 bf16 tiles; data gradients read
+// their weights MN-major (dx = dy . W), weight gradients both operands.
+inline constexpr GemmTileShape kBackwardGradTile{128, 256, EpilogueKind::kSwiGLUBackward, ElementType::kBF16,
+                                                 OperandMajor::kMN};
+inline constexpr GemmTileShape kBackwardDxTile{128, 256, EpilogueKind::kPlain, ElementType::kBF16, OperandMajor::kMN};
+inline constexpr GemmTileShape kBackwardWeightTile{128, 256, EpilogueKind::kWeightGrad, ElementType::kBF16,
+                                                   OperandMajor::kMN, OperandMajor::kMN};
+
+struct BackwardPass {
+  enum Kind : int32_t { kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds };
+  enum Counter : int32_t {
+    kRowsFilled,      // per m-tile: its dout and x rows are in place (stored by its dispatch worker)
+    kD13Ready,        // per m-tile: g tasks that stored their [da | db] columns
+    kExpertRowsDone,  // per local expert: g tasks of its m-tiles (every row's d13 and w*h exist)
+    kSharedD13Ready,  // per token tile: shared g tasks that stored their columns
+    kSharedDone,      // shared dx tasks done (the combine reads shared dx)
+    kDxDone,          // dx tasks whose rows are in their home ranks' rows
+    kNumCounters
+  };
+
+  static constexpr CounterSpec kCounters[kNumCounters] = {
+      {static_cast<uint32_t>(CounterId::kRowsFilled), Span::kRingTile, true},
+      {static_cast<uint32_t>(CounterId::kD13Ready), Span::kRingTile, false},
+      {static_cast<uint32_t>(CounterId::kExpertRowsDone), Span::kExpert, false},
+      {static_cast<uint32_t>(CounterId::kSharedHReady), Span::kTokenTile, false},
+      {static_cast<uint32_t>(CounterId::kSharedDone), Span::kWhole, false},
+      {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
+  };
+
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
+      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
+       Tensor::kSharedD13, {}, {{kSharedD13Ready}}},
+      // kSharedDx
+      {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
+       Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
+      // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
+      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
+       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}},
+      // kDx: dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
+      {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
+       Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
+      // kWeightGrad13: dW13[e] = d13 rows^T . x rows, over the expert's rows in schedule order.
+      {kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
+       Tensor::kExpertWeightGrad, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
+      // kWeightGrad2: dW2[e] = dout rows^T . (w * h) rows.
+      {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate,
+       Rows::kExpert, Tensor::kExpertWeightGrad, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
+  };
+
+  static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
+  static constexpr PipelineEntry kPipeline[] = {{kDx, true}, {kGrad, false}};
+  static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
+
+  struct Dispatch {
+    static constexpr RoleSpec value = {{}, {{kRowsFilled}}};
+  };
+  struct Combine {
+    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}}, {}};
+  };
+};
+
+static_assert(pass_table_is_consistent<BackwardPass>(), "the backward's table breaks a rule of pass_table.hpp");
+
+using BackwardGeometry = PassGeometry<BackwardPass>;
+
+}  // namespace mok::protocol
