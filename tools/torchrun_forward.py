@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import mok  # noqa: E402
-from mok.testing import random_global_layer, rank_slice  # noqa: E402
+from mok.testing import random_global_layer, rank_slice, split_world  # noqa: E402
 
 
 def main():
@@ -61,11 +61,8 @@ def main():
                                 args.shared, args.seed)
     expected = None
     if rank == 0:  # the virtual world on rank 0's GPU, before the process world runs there
-        parts = [rank_slice(layer, r, world, device) for r in range(world)]
-        expected = torch.cat(mok.fused_forward(
-            [q[0] for q in parts], [q[1] for q in parts], [q[2] for q in parts], [q[3] for q in parts],
-            [q[4] for q in parts], parts[0][5], parts[0][6], num_experts=args.experts, check_errors=True))
-        del parts
+        expected = torch.cat(mok.fused_forward(*split_world(layer, world, device), num_experts=args.experts,
+                                               check_errors=True))
 
     fused = FusedMoEWorld(dist.group.WORLD, [args.tokens // world] * world, args.hidden, args.intermediate,
                           args.experts, args.top_k, args.shared)
