@@ -1,0 +1,144 @@
+"""mok.nn: an MoE layer to put in a model, on one GPU.
+
+  TopKRouter  the top-k router: softmax (Qwen3, Mixtral) or sigmoid (DeepSeek-V3,
+              GLM-4.5) scores, optional group-limited selection and a
+              selection-only expert bias (DeepSeek-V3), optional
+              renormalisation of the chosen weights and a scaling factor.
+  MoE         router + routed SwiGLU experts (+ an optional shared expert),
+              with parameters in the layout the kernels read (w13 [E, 2I, H]:
+              gate rows then up rows; w2 [E, H, I]; nn.Linear's layout), whose
+              forward is mok.fused_forward (one persistent kernel).
+
+The router runs in fp32 in torch; the experts in mok's kernel (bf16 operands,
+fp32 accumulation). Backward: mok's fused backward does not exist yet, so a
+backward through MoE raises NotImplementedError (mok/autograd.py) rather than
+leave the experts' and router's gradients silently None.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import fused_forward
+
+
+class TopKRouter(torch.nn.Module):
+    """Scores every expert for each token and picks top_k of them.
+
+    scoring:              "softmax" (over all experts) or "sigmoid" (each expert alone).
+    n_group, topk_group:  group-limited routing: experts form n_group equal groups,
+                          a group's score is the sum of its two best experts' scores
+                          (bias included), and only the topk_group best groups are
+                          eligible (1, 1: no groups).
+    expert_bias:          a per-expert bias (buffer e_score_correction_bias) added
+                          to the scores for the *choice* only, never to the weights.
+    norm_topk_prob:       divide the chosen weights by their sum.
+    routed_scaling_factor: multiply the (normalised) weights by it.
+
+    forward(x [T, H]) -> (expert_ids int32 [T, top_k], weights fp32 [T, top_k]):
+    slots ordered by descending choice score; weights are the plain scores of
+    the chosen experts (then normalised and scaled).
+    """
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, *, scoring: str = "softmax",
+                 n_group: int = 1, topk_group: int = 1, expert_bias: bool = False,
+                 norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0, device=None,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring = {scoring!r}: expected 'softmax' or 'sigmoid'")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k = {top_k}: must be in [1, num_experts = {num_experts}]")
+        if n_group < 1 or num_experts % n_group != 0:
+            raise ValueError(f"n_group = {n_group}: must be >= 1 and divide num_experts = {num_experts}")
+        if not 1 <= topk_group <= n_group:
+            raise ValueError(f"topk_group = {topk_group}: must be in [1, n_group = {n_group}]")
+        if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
+            raise ValueError(f"topk_group = {topk_group} groups of {num_experts // n_group} experts hold fewer "
+                             f"than top_k = {top_k}")
+        self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
+        self.scoring, self.n_group, self.topk_group = scoring, n_group, topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self.weight = torch.nn.Parameter(torch.empty(num_experts, hidden, device=device, dtype=dtype))
+        torch.nn.init.normal_(self.weight, std=1.0 / math.sqrt(hidden))
+        if expert_bias:
+            self.register_buffer("e_score_correction_bias",
+                                 torch.zeros(num_experts, device=device, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor):
+        logits = x.float() @ self.weight.float().t()
+        scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
+        if self.n_group > 1:
+            tokens = choice.shape[0]
+            grouped = choice.view(tokens, self.n_group, self.num_experts // self.n_group)
+            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
+            # -inf, not 0: a biased choice score may be negative.
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, self.num_experts)
+        ids = choice.topk(self.top_k, dim=-1, sorted=True).indices
+        weights = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        weights = weights * self.routed_scaling_factor
+        return ids.to(torch.int32).contiguous(), weights.float().contiguous()
+
+
+class MoE(torch.nn.Module):
+    """A top-k routed SwiGLU MoE layer (+ an optional shared expert) on one GPU.
+
+    out = shared(x) + sum_j w_j * expert_{id_j}(x),
+    expert(x) = down(silu(gate(x)) * up(x)); x [..., hidden] bf16 -> out of the
+    same shape. Parameters: router.weight [E, H]; w13 [E, 2I, H] (gate rows,
+    then up rows), w2 [E, H, I]; shared_w13 [2S, H], shared_w2 [H, S] (or None).
+    hidden, intermediate and shared_intermediate must be multiples of 64.
+    Keyword tuning options (minibatch_rows, ring_slots, ...) go to
+    mok.fused_forward unchanged.
+    """
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
+                 shared_intermediate: int = 0, router: TopKRouter | None = None, device=None,
+                 dtype: torch.dtype = torch.bfloat16, **tuning):
+        super().__init__()
+        for name, value in (("hidden", hidden), ("intermediate", intermediate),
+                            ("shared_intermediate", shared_intermediate)):
+            if value < 0 or value % 64 != 0 or (value == 0 and name != "shared_intermediate"):
+                raise ValueError(f"{name} = {value}: must be a positive multiple of 64"
+                                 + (" (or 0: no shared expert)" if name == "shared_intermediate" else ""))
+        if dtype != torch.bfloat16:
+            raise ValueError(f"dtype = {dtype}: the kernels take bf16 parameters")
+        self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, num_experts, top_k
+        self.tuning = tuning
+        self.router = router if router is not None else TopKRouter(hidden, num_experts, top_k, device=device)
+        if (self.router.hidden, self.router.num_experts, self.router.top_k) != (hidden, num_experts, top_k):
+            raise ValueError("router: its hidden, num_experts and top_k must be the layer's")
+
+        def param(*shape, fan_in):
+            p = torch.empty(*shape, device=device, dtype=dtype)
+            torch.nn.init.normal_(p, std=1.0 / math.sqrt(fan_in))
+            return torch.nn.Parameter(p)
+
+        self.w13 = param(num_experts, 2 * intermediate, hidden, fan_in=hidden)
+        self.w2 = param(num_experts, hidden, intermediate, fan_in=intermediate)
+        if shared_intermediate > 0:
+            self.shared_w13 = param(2 * shared_intermediate, hidden, fan_in=hidden)
+            self.shared_w2 = param(hidden, shared_intermediate, fan_in=shared_intermediate)
+        else:
+            self.shared_w13 = self.shared_w2 = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden:
+            raise ValueError(f"x: last dimension {x.shape[-1]}, expected hidden = {self.hidden}")
+        tokens = x.reshape(-1, self.hidden).to(torch.bfloat16).contiguous()
+        expert_ids, weights = self.router(tokens)
+        out = fused_forward([tokens], [expert_ids], [weights], [self.w13], [self.w2], self.shared_w13,
+                            self.shared_w2, num_experts=self.num_experts, **self.tuning)[0]
+        return out.view(x.shape)
+
+
+__all__ = ["MoE", "TopKRouter"]

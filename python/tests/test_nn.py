@@ -1,0 +1,153 @@
+"""mok.nn: the router's arithmetic against plain loops (CPU), the layer's
+parameters and shapes, torch.compile of a model using it (meta tensors), its
+backward's error, and on a Hopper GPU its output against an fp32 torch
+computation of the same layer."""
+
+import math
+
+import pytest
+import torch
+
+import mok
+from conftest import has_hopper
+from mok.nn import MoE, TopKRouter
+
+
+def _loop_router(x, weight, top_k, scoring, n_group=1, topk_group=1, bias=None, norm=True, scale=1.0):
+    """The router written out token by token, expert by expert."""
+    ids_all, w_all = [], []
+    E = weight.shape[0]
+    for t in range(x.shape[0]):
+        logits = [float(sum(float(x[t, h]) * float(weight[e, h]) for h in range(x.shape[1]))) for e in range(E)]
+        if scoring == "softmax":
+            m = max(logits)
+            ex = [math.exp(v - m) for v in logits]
+            scores = [v / sum(ex) for v in ex]
+        else:
+            scores = [1.0 / (1.0 + math.exp(-v)) for v in logits]
+        choice = [s + (float(bias[e]) if bias is not None else 0.0) for e, s in enumerate(scores)]
+        eligible = set(range(E))
+        if n_group > 1:
+            size = E // n_group
+            group_score = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(n_group)]
+            kept = sorted(range(n_group), key=lambda g: -group_score[g])[:topk_group]
+            eligible = {e for g in kept for e in range(g * size, (g + 1) * size)}
+        ids = sorted(eligible, key=lambda e: -choice[e])[:top_k]
+        w = [scores[e] for e in ids]
+        if norm:
+            w = [v / sum(w) for v in w]
+        ids_all.append(ids)
+        w_all.append([v * scale for v in w])
+    return torch.tensor(ids_all, dtype=torch.int32), torch.tensor(w_all, dtype=torch.float32)
+
+
+def test_softmax_router_matches_the_loops():
+    torch.manual_seed(0)
+    router = TopKRouter(16, 8, 2)
+    x = torch.randn(5, 16)
+    ids, w = router(x)
+    want_ids, want_w = _loop_router(x, router.weight.detach(), 2, "softmax")
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.sum(-1), torch.ones(5), rtol=1e-6, atol=1e-6)
+
+
+def test_sigmoid_router_with_groups_and_a_selection_only_bias_matches_the_loops():
+    torch.manual_seed(1)
+    router = TopKRouter(16, 16, 4, scoring="sigmoid", n_group=4, topk_group=2, expert_bias=True,
+                        routed_scaling_factor=2.5)
+    # A bias that pushes choices negative, so masking with 0 would be wrong.
+    router.e_score_correction_bias.copy_(torch.linspace(-3.0, 0.5, 16))
+    x = torch.randn(7, 16)
+    ids, w = router(x)
+    want_ids, want_w = _loop_router(x, router.weight.detach(), 4, "sigmoid", 4, 2,
+                                    router.e_score_correction_bias, True, 2.5)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
+    # Every chosen expert lies in one of the token's two kept groups.
+    assert all(len({int(e) // 4 for e in row}) <= 2 for row in ids)
+
+
+def test_bias_changes_the_choice_but_not_the_weights():
+    torch.manual_seed(2)
+    router = TopKRouter(8, 4, 1, scoring="sigmoid", expert_bias=True, norm_topk_prob=False)
+    x = torch.randn(3, 8)
+    router.e_score_correction_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 10.0]))
+    ids, w = router(x)
+    assert ids.flatten().tolist() == [3, 3, 3]
+    torch.testing.assert_close(w.flatten(), torch.sigmoid(x @ router.weight.detach().t())[:, 3])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(scoring="tanh"), "scoring"),
+    (dict(n_group=3), "n_group"),
+    (dict(n_group=4, topk_group=5), "topk_group"),
+    (dict(n_group=4, topk_group=1), "fewer than top_k"),
+])
+def test_router_refuses_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TopKRouter(16, 8, 4, **kwargs)
+
+
+def test_layer_parameters_are_in_the_kernels_layout():
+    moe = MoE(128, 64, 4, 2, shared_intermediate=64, device="meta")
+    assert moe.w13.shape == (4, 128, 128) and moe.w2.shape == (4, 128, 64)
+    assert moe.shared_w13.shape == (128, 128) and moe.shared_w2.shape == (128, 64)
+    assert moe.router.weight.shape == (4, 128)
+    assert all(p.dtype == torch.bfloat16 for p in (moe.w13, moe.w2, moe.shared_w13, moe.shared_w2))
+    assert MoE(128, 64, 4, 2, device="meta").shared_w13 is None
+    with pytest.raises(ValueError, match="intermediate = 96"):
+        MoE(128, 96, 4, 2, device="meta")
+    with pytest.raises(ValueError, match="dtype"):
+        MoE(128, 64, 4, 2, device="meta", dtype=torch.float16)
+
+
+def test_forward_keeps_the_input_shape_and_compiles_without_a_graph_break():
+    moe = MoE(128, 64, 4, 2, shared_intermediate=64, device="meta", ring_slots=2)
+    x = torch.empty(2, 16, 128, dtype=torch.bfloat16, device="meta")
+    out = moe(x)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(moe, fullgraph=True, backend=backend)
+    assert compiled(x).shape == x.shape
+    assert len(graphs) == 1
+
+
+def test_backward_raises_instead_of_leaving_gradients_none():
+    moe = MoE(128, 64, 4, 2, device="meta")
+    x = torch.empty(8, 128, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    with pytest.raises(NotImplementedError, match="mok: the fused backward is not implemented yet"):
+        moe(x).float().sum().backward()
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_layer_matches_an_fp32_torch_computation_on_the_gpu():
+    torch.manual_seed(3)
+    H, I, E, K, S = 256, 128, 8, 2, 128
+    moe = MoE(H, I, E, K, shared_intermediate=S, device="cuda")
+    x = (torch.rand(3, 50, H, device="cuda") * 2 - 1).bfloat16()
+    with torch.no_grad():
+        out = moe(x)
+        tokens = x.reshape(-1, H)
+        ids, w = moe.router(tokens)
+        xf = tokens.float()
+        want = torch.zeros_like(xf)
+        for j in range(K):
+            g13 = moe.w13.float()[ids[:, j].long()]
+            gu = torch.einsum("th,tnh->tn", xf, g13)
+            h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).bfloat16().float()
+            y = torch.einsum("ti,thi->th", h, moe.w2.float()[ids[:, j].long()]).bfloat16().float()
+            want += w[:, j:j + 1] * y
+        s = torch.nn.functional.silu(xf @ moe.shared_w13.float()[:S].t()) * (xf @ moe.shared_w13.float()[S:].t())
+        want += (s.bfloat16().float() @ moe.shared_w2.float().t()).bfloat16().float()
+    err = (out.reshape(-1, H).float() - want).norm() / want.norm()
+    assert err < 1e-2, err
+    # Bitwise repeatable.
+    with torch.no_grad():
+        assert torch.equal(moe(x), out)
