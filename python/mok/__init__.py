@@ -86,3 +86,4 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
 __all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)
+from .quant import QuantizedWeights, quantize_weights  # noqa: E402,F401  (block-scaled FP8 weights)

@@ -1,0 +1,52 @@
+"""mok.quantize_weights: the block-scaled FP8 weight quantizer, on the CPU:
+the scale rule, the values' rounding, the transposed copy, bad input."""
+
+import pytest
+import torch
+
+import mok
+from mok.quant import scale_exponents
+
+
+def test_scale_is_the_smallest_power_of_two_that_keeps_the_block_in_range():
+    amax = torch.tensor([0.0, 448.0, 448.00003, 224.0, 1.0, 3.0, 1e-40, 3e38])
+    assert scale_exponents(amax).tolist() == [0, 0, 1, -1, -8, -7, -127, 120]
+
+
+def test_values_are_the_e4m3_rounding_of_the_scaled_weight():
+    torch.manual_seed(0)
+    w = torch.randn(2, 256, 384) * 0.02
+    w[0, 3, 5] = 3.0
+    q = mok.quantize_weights(w.bfloat16())
+    assert q.values.dtype == torch.float8_e4m3fn and q.scales.dtype == torch.uint8
+    assert q.values.shape == (2, 256, 384) and q.scales.shape == (2, 2, 3)
+    assert q.values_t.shape == (2, 384, 256) and q.scales_t.shape == (2, 3, 2)
+    # The block of the 3.0: scale 2^-7 (3 * 2^7 = 384 <= 448), the 3.0 itself exact.
+    assert int(q.scales[0, 0, 0]) == 127 - 7
+    assert float(q.values[0, 3, 5].float()) == 384.0
+    # Every value within half an e4m3 step of the weight, relative to its block's scale.
+    back = q.dequantize()
+    wb = w.bfloat16().float()
+    step = torch.maximum(wb.abs() * 2.0 ** -4, torch.ldexp(torch.ones(()), q.scales.int().repeat_interleave(128, 1)
+                                                           .repeat_interleave(128, 2) - 127 - 10))
+    assert bool(((back - wb).abs() <= step).all())
+    # No element saturates: |w| / scale <= 448 everywhere.
+    assert float(q.values.float().abs().max()) <= 448.0
+
+
+def test_the_transposed_copy_is_the_quantization_of_the_transposed_weight():
+    torch.manual_seed(1)
+    w = torch.randn(3, 128, 256)
+    q, qt = mok.quantize_weights(w), mok.quantize_weights(w.transpose(-1, -2).contiguous())
+    assert torch.equal(q.values_t.view(torch.uint8), qt.values.view(torch.uint8))
+    assert torch.equal(q.scales_t, qt.scales)
+    assert torch.equal(q.values.view(torch.uint8), qt.values_t.view(torch.uint8))
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="multiples of 128"):
+        mok.quantize_weights(torch.zeros(64, 128))
+    w = torch.zeros(128, 128)
+    w[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"w\[1, 2\] is not finite"):
+        mok.quantize_weights(w)
