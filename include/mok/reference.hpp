@@ -30,6 +30,15 @@ enum class RefPrecision {
   kFP64,
 };
 
+// An fp8 layer (config.dtype kFP8E4M3; forward only, H and I multiples of
+// 128) computes the FP8 recipe in kFP32: each rank's x quantized in 1 x 128
+// blocks, each expert's w13 and w2 in 128 x 128 blocks (include/mok/fp8.hpp,
+// bit-exact), the routed experts' g and u in fp32 over those dequantized
+// values, h = silu(g) * u in fp32 quantized in 1 x 128 blocks of its row,
+// y = bf16(W_down h); the shared expert and the combine exactly as in bf16.
+// The kernels' FP8 GEMMs sum in another order (promotion every 128 of K), so
+// they match it within tolerance, not bit for bit.
+
 // Host copies of every input, as floats (pass bf16-rounded values to mirror a
 // bf16 run). Weights use the nn.Linear layout [out_features, in_features], so
 // the reduction dimension is contiguous for every forward GEMM.

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "mok/bf16.hpp"
+#include "mok/fp8.hpp"
 
 namespace mok::ref {
 
@@ -74,6 +75,28 @@ void ffn_forward_row(const FfnWeights& w, const float* x, T* g, T* u, T* h, T* y
   }
   if (y == nullptr) return;
   for (int n = 0; n < H; ++n) y[n] = store(dot<T>(w.w2 + static_cast<int64_t>(n) * F, h, F));
+}
+
+// The FP8 forward of one routed row (config.dtype kFP8E4M3): x and the
+// weights are the block-dequantized ones (x 1 x 128, weights 128 x 128), g and
+// u dot products in fp32, h = silu(g) * u in fp32 quantized to e4m3 in 1 x 128
+// blocks of the row (what the gate/up epilogue hands the down GEMM), y =
+// bf16(W_down h). F must be a multiple of 128.
+inline void ffn_forward_row_fp8(const FfnWeights& w, const float* x, float* g, float* u, float* h, float* y) {
+  const int H = w.hidden;
+  const int F = w.width;
+  for (int i = 0; i < F; ++i) {
+    g[i] = dot<float>(w.w13 + static_cast<int64_t>(i) * H, x, H);
+    u[i] = dot<float>(w.w13 + static_cast<int64_t>(F + i) * H, x, H);
+    h[i] = silu(g[i]) * u[i];
+  }
+  for (int b = 0; b < F; b += fp8::kBlock) {
+    float amax = 0.0f;
+    for (int i = b; i < b + fp8::kBlock; ++i) amax = std::fmax(amax, std::fabs(h[i]));
+    const int32_t e = fp8::scale_exponent(amax);
+    for (int i = b; i < b + fp8::kBlock; ++i) h[i] = std::ldexp(fp8::decode_e4m3(fp8::encode_e4m3(std::ldexp(h[i], -e))), e);
+  }
+  for (int n = 0; n < H; ++n) y[n] = store(dot<float>(w.w2 + static_cast<int64_t>(n) * F, h, F));
 }
 
 // Backward of one row through the FFN, given its recomputed g, u and the

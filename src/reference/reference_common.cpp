@@ -88,11 +88,22 @@ void validate_receiver(const LayerInputs& inputs, const WorldSchedule& schedule,
 }  // namespace
 
 void validate_reference(const LayerInputs& inputs, const WorldSchedule& schedule,
-                        const ReferenceOptions& options) {
+                        const ReferenceOptions& options, bool fp8_allowed) {
   const LayerConfig& config = inputs.config;
   validate(config);
-  // Its math is bf16's: an fp8 config would silently get bf16 results.
-  plan::require_implemented_dtype(config, "the CPU reference");
+  // The forward computes the FP8 recipe (block-scaled e4m3 routed experts,
+  // include/mok/reference.hpp); anything else of fp8 would silently get bf16
+  // results.
+  if (config.dtype == DType::kFP8E4M3 && fp8_allowed) {
+    require(options.precision == RefPrecision::kFP32, "precision", static_cast<int>(options.precision),
+            "must be kFP32 for an fp8 layer (the FP8 recipe's rounding is fp32's)");
+    require(config.hidden % 128 == 0, "hidden", config.hidden,
+            "must be a multiple of 128 for fp8 (1 x 128 and 128 x 128 scale blocks)");
+    require(config.intermediate % 128 == 0, "intermediate", config.intermediate,
+            "must be a multiple of 128 for fp8 (1 x 128 and 128 x 128 scale blocks)");
+  } else {
+    plan::require_implemented_dtype(config, fp8_allowed ? "the CPU reference" : "the CPU reference backward");
+  }
   validate_routing(config, inputs.routing, /*check_weights=*/true);
   validate_pointers(inputs);
   require(options.num_threads >= 1, "num_threads", options.num_threads, "must be >= 1");

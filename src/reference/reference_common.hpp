@@ -19,7 +19,7 @@ namespace mok::ref {
 // combine_row pointing back at that row for every entry (so rows and entries
 // match one to one).
 void validate_reference(const LayerInputs& inputs, const WorldSchedule& schedule,
-                        const ReferenceOptions& options);
+                        const ReferenceOptions& options, bool fp8_allowed = false);
 
 // The real rows of global expert `expert`, in schedule order (padding left out).
 std::span<const RowSource> expert_rows(const WorldSchedule& schedule, const LayerConfig& config,
