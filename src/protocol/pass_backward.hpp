@@ -72,7 +72,8 @@ struct BackwardPass {
        Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
       // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
       {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
-       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}},
+       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
+       Tensor::kHwRows},
       // kDx: dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
       {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
        Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
@@ -89,10 +90,13 @@ struct BackwardPass {
   static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 
   struct Dispatch {
-    static constexpr RoleSpec value = {{}, {{kRowsFilled}}};
+    static constexpr RoleSpec value = {{}, {{kRowsFilled}}, {Tensor::kDoutRows, Tensor::kXRows}};
   };
   struct Combine {
-    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}}, {}};
+    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}},
+                                       {},
+                                       {},
+                                       {Tensor::kHomeCombine, Tensor::kSharedDx}};
   };
 };
 

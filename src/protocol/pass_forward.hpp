@@ -83,12 +83,15 @@ struct ForwardPass {
   // Dispatch of one m-tile: its x slot's previous generation was read by
   // every gate/up task; then its rows are announced.
   struct Dispatch {
-    static constexpr RoleSpec value = {{{kRingConsumed, Await::kFree}}, {{kTileFilled}}};
+    static constexpr RoleSpec value = {{{kRingConsumed, Await::kFree}}, {{kTileFilled}}, {Tensor::kRingX}};
   };
   // The combine on the home rank: its shared expert, then every owner's down
   // tasks (waits[1] is polled on each owner's counters).
   struct Combine {
-    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDownDone, Await::kReady}}, {}};
+    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDownDone, Await::kReady}},
+                                       {},
+                                       {},
+                                       {Tensor::kHomeCombine, Tensor::kSharedOut}};
   };
 };
 

@@ -62,12 +62,15 @@ enum class Tensor : int32_t {
   kXRows = 12,            // bf16 [P, H]: x of every schedule row
   kD13Rows = 13,          // bf16 [P, 2I]: [da | db] of every schedule row
   kHwRows = 17,           // bf16 [P, I]: w * h of every schedule row
+  kNoTensor = 99,         // none (an unused output or role field)
   kSharedD13 = 14,        // bf16 [T, 2S]
   kSharedDx = 15,         // bf16 [T, H]: the shared expert's part of dx
   kExpertWeightGrad = 16, // fp32 dW13[e] [2I, H] or dW2[e] [H, I]
 };
 inline constexpr int32_t kNumMappedTensors = 8;
-MOK_HD constexpr bool read_through_map(Tensor t) { return static_cast<int32_t>(t) < kNumMappedTensors; }
+MOK_HD constexpr bool read_through_map(Tensor t) {
+  return static_cast<int32_t>(t) >= 0 && static_cast<int32_t>(t) < kNumMappedTensors;
+}
 
 // A layer dimension, resolved against PassShape at run time (kNone: 0, for a
 // field a kind does not use).
@@ -129,6 +132,7 @@ struct TaskKindSpec {
   CounterWait waits[kMaxWaits];        // inputs, in the order they are awaited
   CounterSignal signals[kMaxSignals];  // raised once the task's outputs are visible
   Dim m = Dim::kNone;                  // Rows::kExpert: the output's rows (a weight's rows)
+  Tensor also_out = Tensor::kNoTensor; // a second output the epilogue writes, row for row with `out`
 };
 
 // The waits and signals of a role that is not a GEMM task (dispatch of one
@@ -136,6 +140,10 @@ struct TaskKindSpec {
 struct RoleSpec {
   CounterWait waits[kMaxWaits];
   CounterSignal signals[kMaxSignals];
+  // Its dataflow (the CPU model checks it): what it writes (dispatch: the
+  // pulled rows) and what it reads once its waits are met (combine).
+  Tensor writes[2] = {Tensor::kNoTensor, Tensor::kNoTensor};
+  Tensor reads[2] = {Tensor::kNoTensor, Tensor::kNoTensor};
 };
 
 // A spec as a type (Spec::value), so that code generic over kinds and roles
