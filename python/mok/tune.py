@@ -1,0 +1,304 @@
+"""mok.tune: find the fastest tuning options for a layer shape, and cache them.
+
+    python -m mok.tune [--hidden H --intermediate I --experts E --top-k K --shared S --tokens T]
+                       [--budget SECONDS] [--cache PATH] [--plot PNG]
+
+The search walks the tuning options (mok.TUNING_OPTIONS: minibatch_rows,
+comm_ctas_per_rank, ring_slots, lookahead) one at a time around the best set
+so far, coarse to fine, until nothing improves or the time budget is spent.
+Every candidate is timed in paired rounds against the current best on the
+same data (alternating, so that the GPU's clock drift cancels), and kept only
+when it is faster by more than the noise margin. Tuning never changes a
+result bit: options move work between SMs and in time, never the arithmetic.
+
+The cache is JSON in the user's cache directory ($XDG_CACHE_HOME/mok, else
+~/.cache/mok), one entry per TuneKey (GPU, SM count, CUDA and driver
+versions, layer dims, tokens per rank rounded up to a power of two, world
+size, precision, pass). A stale or corrupt file is ignored with a warning;
+writers take a lock file and replace the file atomically, so concurrent
+tuners cannot corrupt it.
+
+What is not here yet: the library does not consult the cache by itself
+(pass the options from `TuningCache.lookup` to mok.fused_forward or
+mok.nn.MoE), and process worlds do not agree on an entry collectively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import json
+import math
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+
+CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneKey:
+    gpu: str
+    sms: int
+    cuda: str
+    driver: str
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+    shared: int
+    tokens_bucket: int  # tokens per rank, rounded up to a power of two (at least 256)
+    world: int
+    precision: str = "bf16"
+    pass_name: str = "forward"
+
+    def id(self) -> str:
+        return "|".join(str(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+
+def tokens_bucket(tokens: int) -> int:
+    return max(256, 1 << max(0, math.ceil(math.log2(max(1, tokens)))))
+
+
+def default_cache_path() -> pathlib.Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(root) / "mok" / "tuning.json"
+
+
+class TuningCache:
+    """The JSON cache of tuned options, safe against corruption and concurrent writers."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = pathlib.Path(path) if path is not None else default_cache_path()
+
+    def _read(self) -> dict:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            warnings.warn(f"mok: ignoring the tuning cache {self.path}: {e}")
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(
+                    data.get("entries"), dict):
+                raise ValueError(f"not a version-{CACHE_VERSION} mok tuning cache")
+            return data["entries"]
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            warnings.warn(f"mok: ignoring the tuning cache {self.path}: {e}")
+            return {}
+
+    def lookup(self, key: TuneKey) -> dict | None:
+        """The cached entry for `key` ({"options": {...}, "speedup": ..., ...}), or None."""
+        entry = self._read().get(key.id())
+        if entry is None:
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("options"), dict):
+            warnings.warn(f"mok: ignoring a malformed entry of the tuning cache {self.path} for {key.id()}")
+            return None
+        return entry
+
+    @contextlib.contextmanager
+    def _locked(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(str(self.path) + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def store(self, key: TuneKey, options: dict, **facts) -> None:
+        """Adds or replaces `key`'s entry; other entries (and other writers' ones) are kept."""
+        with self._locked():
+            entries = self._read()
+            entries[key.id()] = {"options": dict(options), "when": datetime.datetime.now().isoformat(timespec="seconds"),
+                                 **facts}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning.", suffix=".json")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)  # atomic: a reader sees the old file or the new one
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+
+
+@dataclasses.dataclass
+class Measurement:
+    options: dict
+    ratio_to_default: float  # time with these options / time with the defaults (< 1: faster)
+
+
+@dataclasses.dataclass
+class SearchResult:
+    best: dict
+    speedup: float  # default time / best time
+    measurements: list[Measurement]
+    seconds: float
+
+
+# The values tried per option, coarse to fine around the best so far (None: the
+# library's default rule, e.g. the dispatch CTAs from the layer's bytes per FLOP).
+DEFAULT_GRID = {
+    "minibatch_rows": [512, 1024, 2048, 3072, 4096],
+    "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8],
+    "ring_slots": [2, 3, 4, 6],
+    "lookahead": [1, 2, 3],
+}
+
+
+def search(defaults: dict, grid: dict, compare: Callable[[dict, dict], float], budget_s: float,
+           margin: float = 0.005, progress: bool = True) -> SearchResult:
+    """Coordinate search from `defaults`. compare(a, b) returns time(a) / time(b)
+    measured in paired rounds (< 1: a is faster). A candidate replaces the best
+    only when faster by more than `margin` (the noise), and the walk repeats
+    over the options until a full sweep changes nothing or the budget is out."""
+    start = time.monotonic()
+    best = dict(defaults)
+    best_ratio = 1.0  # best's time / the defaults' time
+    measurements: list[Measurement] = []
+    tried = {json.dumps(best, sort_keys=True)}
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=None, desc="mok.tune", unit="candidate")
+        except ImportError:
+            bar = None
+    improved = True
+    while improved and time.monotonic() - start < budget_s:
+        improved = False
+        for name, values in grid.items():
+            for value in values:
+                if time.monotonic() - start >= budget_s:
+                    break
+                candidate = dict(best, **{name: value})
+                signature = json.dumps(candidate, sort_keys=True)
+                if signature in tried:
+                    continue
+                tried.add(signature)
+                ratio = compare(candidate, best)
+                measurements.append(Measurement(candidate, ratio * best_ratio))
+                if ratio < 1.0 - margin:
+                    best, best_ratio, improved = candidate, ratio * best_ratio, True
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(best=f"{1.0 / best_ratio:.3f}x")
+                elif progress:
+                    print(f"mok.tune: {candidate} -> {ratio:.4f} of the best; best so far {1.0 / best_ratio:.3f}x")
+    if bar is not None:
+        bar.close()
+    return SearchResult(best, 1.0 / best_ratio, measurements, time.monotonic() - start)
+
+
+def table(result: SearchResult) -> str:
+    """The sweep as a table, fastest first."""
+    rows = sorted(result.measurements, key=lambda m: m.ratio_to_default)
+    lines = [f"{'options':60s} {'time vs defaults':>16s}"]
+    for m in rows:
+        lines.append(f"{json.dumps(m.options, sort_keys=True):60s} {m.ratio_to_default:16.4f}")
+    lines.append(f"best: {result.best} ({result.speedup:.3f}x the defaults, {result.seconds:.0f} s of tuning)")
+    return "\n".join(lines)
+
+
+def plot(result: SearchResult, path: str | os.PathLike) -> None:
+    """Time against the defaults over minibatch rows x dispatch CTAs, one panel per ring size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rings = sorted({m.options.get("ring_slots") for m in result.measurements}, key=lambda v: (v is None, v))
+    fig, axes = plt.subplots(1, max(1, len(rings)), figsize=(5 * max(1, len(rings)), 4), squeeze=False)
+    for ax, ring in zip(axes[0], rings):
+        points = [m for m in result.measurements if m.options.get("ring_slots") == ring]
+        xs = [m.options.get("minibatch_rows", 0) for m in points]
+        ys = [m.options.get("comm_ctas_per_rank", 0) for m in points]
+        sc = ax.scatter(xs, ys, c=[m.ratio_to_default for m in points], cmap="viridis_r", s=80)
+        ax.set_title(f"ring_slots = {ring}")
+        ax.set_xlabel("minibatch_rows")
+        ax.set_ylabel("comm_ctas_per_rank")
+        fig.colorbar(sc, ax=ax, label="time / defaults")
+    fig.suptitle(f"mok.tune: best {result.speedup:.3f}x the defaults")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---- on a GPU ------------------------------------------------------------------
+
+def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, device=None) -> TuneKey:
+    import torch
+    props = torch.cuda.get_device_properties(device)
+    driver = str(getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)())
+    return TuneKey(props.name, props.multi_processor_count, str(torch.version.cuda), driver, hidden, intermediate,
+                   experts, top_k, shared, tokens_bucket(tokens), world)
+
+
+def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10) -> Callable:
+    """compare(a, b) for mok.fused_forward on one layer: alternating rounds of
+    `passes` passes with options a and b, median of the per-round ratios."""
+    import torch
+
+    from . import fused_forward
+
+    def timed(options):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fused_forward(*layer_args, num_experts=num_experts, **options)  # warm (and build its workspace)
+        start.record()
+        for _ in range(passes):
+            fused_forward(*layer_args, num_experts=num_experts, **options)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def compare(a: dict, b: dict) -> float:
+        return statistics.median(timed(a) / timed(b) for _ in range(rounds))
+
+    return compare
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mok.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--shared", type=int, default=2048)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--budget", type=float, default=120.0, help="seconds of tuning")
+    p.add_argument("--cache", default=None, help=f"cache file (default {default_cache_path()})")
+    p.add_argument("--plot", default=None, help="write the sweep as a PNG")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from .testing import random_global_layer, split_world
+    if not torch.cuda.is_available():
+        print("mok.tune: needs a CUDA GPU (Hopper)")
+        return 2
+    layer = random_global_layer(args.tokens, args.hidden, args.intermediate, args.experts, args.top_k, args.shared,
+                                seed=1, device="cuda")
+    compare = paired_compare(split_world(layer, 1), args.experts)
+    result = search({}, DEFAULT_GRID, compare, args.budget)
+    print(table(result))
+    key = current_key(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, args.tokens)
+    TuningCache(args.cache).store(key, result.best, speedup=result.speedup, tuning_seconds=result.seconds)
+    print(f"mok.tune: stored for {key.id()} in {TuningCache(args.cache).path}")
+    if args.plot:
+        plot(result, args.plot)
+        print(f"mok.tune: plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

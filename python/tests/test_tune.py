@@ -1,0 +1,110 @@
+"""mok.tune on the CPU: the coordinate search against a known cost model, its
+budget and noise margin, the cache's round trip, its tolerance of corrupt
+files and concurrent writers, and the plot."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from mok import tune
+
+
+def _cost(options):
+    """A made-up pass time with its minimum at minibatch 3072, 5 CTAs, 3 slots, lookahead 2."""
+    mb = options.get("minibatch_rows", 2048)
+    ctas = options.get("comm_ctas_per_rank", 4)
+    slots = options.get("ring_slots", 4)
+    look = options.get("lookahead", 2)
+    return 5.0 + 1e-7 * (mb - 3072) ** 2 + 0.1 * (ctas - 5) ** 2 + 0.03 * abs(slots - 3) + 0.05 * abs(look - 2)
+
+
+def test_search_finds_the_cost_models_minimum():
+    result = tune.search({}, tune.DEFAULT_GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
+    # lookahead 2 is the default already: the best set need not name it.
+    assert result.best == {"minibatch_rows": 3072, "comm_ctas_per_rank": 5, "ring_slots": 3}
+    assert _cost(result.best) == 5.0
+    assert result.speedup == pytest.approx(_cost({}) / _cost(result.best))
+    # Every measurement is expressed against the defaults.
+    for m in result.measurements:
+        assert m.ratio_to_default == pytest.approx(_cost(m.options) / _cost({}), rel=1e-9)
+    assert "best:" in tune.table(result)
+
+
+def test_gains_within_the_noise_margin_are_not_taken():
+    def flat(a, b):
+        return 0.998 if a.get("minibatch_rows") == 512 else 1.0
+    result = tune.search({}, tune.DEFAULT_GRID, flat, budget_s=30, margin=0.005, progress=False)
+    assert result.best == {} and result.speedup == 1.0
+
+
+def test_the_budget_is_honoured():
+    assert tune.search({}, tune.DEFAULT_GRID, lambda a, b: 1.0, budget_s=0, progress=False).measurements == []
+
+
+def test_tokens_are_bucketed_to_powers_of_two():
+    assert [tune.tokens_bucket(t) for t in (1, 256, 257, 4096, 5000)] == [256, 256, 512, 4096, 8192]
+
+
+def _key(world=1):
+    return tune.TuneKey("NVIDIA H200", 132, "13.0", "580", 7168, 2048, 32, 8, 2048, 4096, world)
+
+
+def test_cache_round_trip_keeps_other_entries(tmp_path):
+    cache = tune.TuningCache(tmp_path / "tuning.json")
+    assert cache.lookup(_key()) is None
+    cache.store(_key(1), {"minibatch_rows": 3072}, speedup=1.04)
+    cache.store(_key(2), {"ring_slots": 3}, speedup=1.01)
+    assert cache.lookup(_key(1))["options"] == {"minibatch_rows": 3072}
+    assert cache.lookup(_key(1))["speedup"] == 1.04
+    assert cache.lookup(_key(2))["options"] == {"ring_slots": 3}
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 99, "entries": {}}), "[]"])
+def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(tmp_path, content):
+    path = tmp_path / "tuning.json"
+    path.write_text(content)
+    cache = tune.TuningCache(path)
+    with pytest.warns(UserWarning, match="mok: ignoring the tuning cache"):
+        assert cache.lookup(_key()) is None
+    # A store over it rewrites the file whole.
+    with pytest.warns(UserWarning, match="mok: ignoring the tuning cache"):
+        cache.store(_key(), {"lookahead": 1})
+    assert cache.lookup(_key())["options"] == {"lookahead": 1}
+
+
+def test_a_malformed_entry_is_ignored_with_a_warning(tmp_path):
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"version": tune.CACHE_VERSION, "entries": {_key().id(): 3}}))
+    with pytest.warns(UserWarning, match="malformed entry"):
+        assert tune.TuningCache(path).lookup(_key()) is None
+
+
+def _store_many(path, world):
+    cache = tune.TuningCache(path)
+    for i in range(20):
+        cache.store(_key(world), {"minibatch_rows": 1024 + i})
+
+
+def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
+    path = str(tmp_path / "tuning.json")
+    procs = [multiprocessing.get_context("fork").Process(target=_store_many, args=(path, w)) for w in range(1, 7)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    data = json.loads(open(path).read())
+    assert data["version"] == tune.CACHE_VERSION
+    assert sorted(data["entries"]) == sorted(_key(w).id() for w in range(1, 7))
+    assert all(e["options"] == {"minibatch_rows": 1043} for e in data["entries"].values())
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tuning.")]  # no temporary left behind
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = tune.search({}, tune.DEFAULT_GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
+    out = tmp_path / "sweep.png"
+    tune.plot(result, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
