@@ -11,6 +11,12 @@
 #   MOK_BASELINE_CLI=path/to/mok_cli   the baseline for 'bits' and 'speed'
 #   MOK_SANITIZE='Filter*'             GPU tests for memcheck / racecheck (gtest filter)
 #   MOK_ROUNDS=3                       alternations per preset for 'speed'
+#
+# A baseline is a mok_cli built here from another commit and carried along:
+#   git worktree add /tmp/base COMMIT && (cd /tmp/base && scripts/build.sh)
+#   mkdir -p .baseline && cp /tmp/base/build/tools/mok_cli .baseline/ && echo /.baseline/ >> .git/info/exclude
+# then run with carry [".baseline", ".deps"] (.deps/googletest: a copy of
+# /usr/src/googletest, which the device machine lacks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
