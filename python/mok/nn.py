@@ -29,9 +29,9 @@ class TopKRouter(torch.nn.Module):
 
     scoring:              "softmax" (over all experts) or "sigmoid" (each expert alone).
     n_group, topk_group:  group-limited routing: experts form n_group equal groups,
-                          a group's score is the sum of its two best experts' scores
-                          (bias included), and only the topk_group best groups are
-                          eligible (1, 1: no groups).
+                          and only the topk_group best groups are eligible (1, 1: no
+                          groups). group_score: "top2_sum", a group's two best choice
+                          scores summed (DeepSeek-V3), or "max", its best (DeepSeek-V2).
     expert_bias:          a per-expert bias (buffer e_score_correction_bias) added
                           to the scores for the *choice* only, never to the weights.
     norm_topk_prob:       divide the chosen weights by their sum.
@@ -43,12 +43,14 @@ class TopKRouter(torch.nn.Module):
     """
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, *, scoring: str = "softmax",
-                 n_group: int = 1, topk_group: int = 1, expert_bias: bool = False,
+                 n_group: int = 1, topk_group: int = 1, group_score: str = "top2_sum", expert_bias: bool = False,
                  norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0, device=None,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring = {scoring!r}: expected 'softmax' or 'sigmoid'")
+        if group_score not in ("top2_sum", "max"):
+            raise ValueError(f"group_score = {group_score!r}: expected 'top2_sum' or 'max'")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k = {top_k}: must be in [1, num_experts = {num_experts}]")
         if n_group < 1 or num_experts % n_group != 0:
@@ -59,7 +61,7 @@ class TopKRouter(torch.nn.Module):
             raise ValueError(f"topk_group = {topk_group} groups of {num_experts // n_group} experts hold fewer "
                              f"than top_k = {top_k}")
         self.hidden, self.num_experts, self.top_k = hidden, num_experts, top_k
-        self.scoring, self.n_group, self.topk_group = scoring, n_group, topk_group
+        self.scoring, self.n_group, self.topk_group, self.group_score = scoring, n_group, topk_group, group_score
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
         self.weight = torch.nn.Parameter(torch.empty(num_experts, hidden, device=device, dtype=dtype))
         torch.nn.init.normal_(self.weight, std=1.0 / math.sqrt(hidden))
@@ -76,7 +78,10 @@ class TopKRouter(torch.nn.Module):
         if self.n_group > 1:
             tokens = choice.shape[0]
             grouped = choice.view(tokens, self.n_group, self.num_experts // self.n_group)
-            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+            if self.group_score == "max":
+                group_scores = grouped.amax(dim=-1)
+            else:
+                group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
             keep = torch.zeros_like(group_scores, dtype=torch.bool)
             keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
             # -inf, not 0: a biased choice score may be negative.

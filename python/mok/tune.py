@@ -4,8 +4,9 @@
                        [--budget SECONDS] [--cache PATH] [--plot PNG]
 
 The search walks the tuning options (mok.TUNING_OPTIONS: minibatch_rows,
-comm_ctas_per_rank, ring_slots, lookahead) one at a time around the best set
-so far, coarse to fine, until nothing improves or the time budget is spent.
+comm_ctas_per_rank, ring_slots, lookahead) one at a time, trying each value
+of an option's list against the best set so far, until a full sweep improves
+nothing or the time budget is spent.
 Every candidate is timed in paired rounds against the current best on the
 same data (alternating, so that the GPU's clock drift cancels), and kept only
 when it is faster by more than the noise margin. Tuning never changes a
@@ -78,23 +79,30 @@ class TuningCache:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = pathlib.Path(path) if path is not None else default_cache_path()
 
-    def _read(self) -> dict:
+    def _load(self):
+        """The file's parsed JSON (None: absent or unreadable, with a warning when it exists)."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return None
         except OSError as e:
             warnings.warn(f"mok: ignoring the tuning cache {self.path}: {e}")
-            return {}
+            return None
         try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(
-                    data.get("entries"), dict):
-                raise ValueError(f"not a version-{CACHE_VERSION} mok tuning cache")
-            return data["entries"]
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            return json.loads(raw.decode("utf-8"))
+        except ValueError as e:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
             warnings.warn(f"mok: ignoring the tuning cache {self.path}: {e}")
+            return None
+
+    def _read(self) -> dict:
+        data = self._load()
+        if data is None:
             return {}
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(
+                data.get("entries"), dict):
+            warnings.warn(f"mok: ignoring the tuning cache {self.path}: not a version-{CACHE_VERSION} mok tuning cache")
+            return {}
+        return data["entries"]
 
     def lookup(self, key: TuneKey) -> dict | None:
         """The cached entry for `key` ({"options": {...}, "speedup": ..., ...}), or None."""
@@ -119,6 +127,12 @@ class TuningCache:
     def store(self, key: TuneKey, options: dict, **facts) -> None:
         """Adds or replaces `key`'s entry; other entries (and other writers' ones) are kept."""
         with self._locked():
+            data = self._load()
+            if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > CACHE_VERSION:
+                # A newer mok's cache: keep it aside rather than drop its entries.
+                aside = self.path.with_name(self.path.name + f".v{data['version']}")
+                warnings.warn(f"mok: the tuning cache {self.path} is from a newer version; moved to {aside}")
+                os.replace(self.path, aside)
             entries = self._read()
             entries[key.id()] = {"options": dict(options), "when": datetime.datetime.now().isoformat(timespec="seconds"),
                                  **facts}
@@ -147,8 +161,8 @@ class SearchResult:
     seconds: float
 
 
-# The values tried per option, coarse to fine around the best so far (None: the
-# library's default rule, e.g. the dispatch CTAs from the layer's bytes per FLOP).
+# The values tried per option (an option left out of the best set keeps the
+# library's default or rule, e.g. the dispatch CTAs from the layer's bytes per FLOP).
 DEFAULT_GRID = {
     "minibatch_rows": [512, 1024, 2048, 3072, 4096],
     "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8],
@@ -245,8 +259,8 @@ def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, d
 
 
 def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10) -> Callable:
-    """compare(a, b) for mok.fused_forward on one layer: alternating rounds of
-    `passes` passes with options a and b, median of the per-round ratios."""
+    """compare(a, b) for mok.fused_forward on one layer: rounds of `passes`
+    passes with options a, b, b, a; the median of the per-round ratios."""
     import torch
 
     from . import fused_forward
@@ -262,7 +276,11 @@ def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes:
         return start.elapsed_time(end)
 
     def compare(a: dict, b: dict) -> float:
-        return statistics.median(timed(a) / timed(b) for _ in range(rounds))
+        # a b b a per round, so that a clock drifting within a round favours neither.
+        def one_round():
+            a1, b1, b2, a2 = timed(a), timed(b), timed(b), timed(a)
+            return (a1 + a2) / (b1 + b2)
+        return statistics.median(one_round() for _ in range(rounds))
 
     return compare
 

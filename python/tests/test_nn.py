@@ -13,7 +13,8 @@ from conftest import has_hopper
 from mok.nn import MoE, TopKRouter
 
 
-def _loop_router(x, weight, top_k, scoring, n_group=1, topk_group=1, bias=None, norm=True, scale=1.0):
+def _loop_router(x, weight, top_k, scoring, n_group=1, topk_group=1, bias=None, norm=True, scale=1.0,
+                 group_score="top2_sum"):
     """The router written out token by token, expert by expert."""
     ids_all, w_all = [], []
     E = weight.shape[0]
@@ -29,8 +30,9 @@ def _loop_router(x, weight, top_k, scoring, n_group=1, topk_group=1, bias=None, 
         eligible = set(range(E))
         if n_group > 1:
             size = E // n_group
-            group_score = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(n_group)]
-            kept = sorted(range(n_group), key=lambda g: -group_score[g])[:topk_group]
+            best = 1 if group_score == "max" else 2
+            scores_of_group = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:best]) for g in range(n_group)]
+            kept = sorted(range(n_group), key=lambda g: -scores_of_group[g])[:topk_group]
             eligible = {e for g in kept for e in range(g * size, (g + 1) * size)}
         ids = sorted(eligible, key=lambda e: -choice[e])[:top_k]
         w = [scores[e] for e in ids]
@@ -69,6 +71,16 @@ def test_sigmoid_router_with_groups_and_a_selection_only_bias_matches_the_loops(
     assert all(len({int(e) // 4 for e in row}) <= 2 for row in ids)
 
 
+def test_group_limited_softmax_router_with_the_best_expert_per_group_matches_the_loops():
+    torch.manual_seed(4)
+    router = TopKRouter(16, 12, 3, n_group=3, topk_group=2, group_score="max", norm_topk_prob=False)
+    x = torch.randn(6, 16)
+    ids, w = router(x)
+    want_ids, want_w = _loop_router(x, router.weight.detach(), 3, "softmax", 3, 2, None, False, 1.0, "max")
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-5, atol=1e-6)
+
+
 def test_bias_changes_the_choice_but_not_the_weights():
     torch.manual_seed(2)
     router = TopKRouter(8, 4, 1, scoring="sigmoid", expert_bias=True, norm_topk_prob=False)
@@ -84,6 +96,7 @@ def test_bias_changes_the_choice_but_not_the_weights():
     (dict(n_group=3), "n_group"),
     (dict(n_group=4, topk_group=5), "topk_group"),
     (dict(n_group=4, topk_group=1), "fewer than top_k"),
+    (dict(n_group=2, group_score="mean"), "group_score"),
 ])
 def test_router_refuses_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):

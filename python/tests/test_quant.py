@@ -50,3 +50,18 @@ def test_bad_input_is_refused():
     w[1, 2] = float("inf")
     with pytest.raises(ValueError, match=r"w\[1, 2\] is not finite"):
         mok.quantize_weights(w)
+
+
+def test_the_shared_test_weight_quantizes_to_the_golden_bytes_of_the_cpp_quantizer():
+    # The same weight and hash as tests/cpu/test_fp8.cpp: the C++ quantizer
+    # produces this constant, so equal hashes mean equal bytes.
+    n = 2 * 256 * 384
+    i = torch.arange(n, dtype=torch.int64)
+    num = ((i * 7919) % 2003 - 1001).to(torch.float32)
+    w = torch.ldexp(num / 977.0, ((i // (128 * 384)) % 5 - 2).to(torch.float32)).reshape(2, 256, 384)
+    q = mok.quantize_weights(w)
+    h = 1469598103934665603
+    for part in (q.values.view(torch.uint8), q.scales, q.values_t.view(torch.uint8), q.scales_t):
+        for b in part.flatten().tolist():
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    assert h == 0x58D5A7AB2986F80D

@@ -61,16 +61,30 @@ def test_cache_round_trip_keeps_other_entries(tmp_path):
     assert cache.lookup(_key(2))["options"] == {"ring_slots": 3}
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 99, "entries": {}}), "[]"])
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 0, "entries": {}}), "[]", b"\xff\xfe\x00bad"])
 def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(tmp_path, content):
     path = tmp_path / "tuning.json"
-    path.write_text(content)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
     cache = tune.TuningCache(path)
     with pytest.warns(UserWarning, match="mok: ignoring the tuning cache"):
         assert cache.lookup(_key()) is None
     # A store over it rewrites the file whole.
     with pytest.warns(UserWarning, match="mok: ignoring the tuning cache"):
         cache.store(_key(), {"lookahead": 1})
+    assert cache.lookup(_key())["options"] == {"lookahead": 1}
+
+
+def test_a_newer_versions_cache_is_kept_aside_not_overwritten(tmp_path):
+    path = tmp_path / "tuning.json"
+    newer = json.dumps({"version": tune.CACHE_VERSION + 1, "entries": {"theirs": {"options": {}}}})
+    path.write_text(newer)
+    cache = tune.TuningCache(path)
+    with pytest.warns(UserWarning, match="newer version"):
+        cache.store(_key(), {"lookahead": 1})
+    assert (tmp_path / f"tuning.json.v{tune.CACHE_VERSION + 1}").read_text() == newer
     assert cache.lookup(_key())["options"] == {"lookahead": 1}
 
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 
 #include "common/host_device.hpp"
@@ -42,6 +43,7 @@ enum class CounterId : uint32_t {
   kRowsFilled = 16,      // an m-tile's dout and x rows are in place
   kD13Ready = 17,        // an m-tile's [da | db] columns are stored
   kDxDone = 18,          // an owner's dx rows are in their home rows
+  kSharedD13Ready = 19,  // a token tile's shared [da | db] columns are stored
 };
 
 inline const char* counter_name(CounterId id) {
@@ -62,6 +64,7 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kRowsFilled: return "rows_filled";
     case CounterId::kD13Ready: return "d13_ready";
     case CounterId::kDxDone: return "dx_done";
+    case CounterId::kSharedD13Ready: return "shared_d13_ready";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";
@@ -184,6 +187,22 @@ struct ExpertOfWork {
   int32_t schedule_m_tiles = 0;
 };
 
+// A per-expert counter touched without naming a local expert is a bug in the
+// caller (an index of -1 would hit the previous counter's last word and a
+// target of 0 pass at once): stop rather than corrupt the pass.
+template <class Pass>
+MOK_HD void require_expert(const PassGeometry<Pass>& g, const ExpertOfWork& of) {
+  if constexpr (has_expert_work<Pass>()) {
+    if (of.expert < 0 || of.expert >= g.local_experts) {
+#if defined(__CUDA_ARCH__)
+      __trap();
+#else
+      std::abort();
+#endif
+    }
+  }
+}
+
 // The work on (minibatch, m_tile) -- a GEMM task, or a role's share -- waits
 // for `w` on `owner`'s counters (its own, or a peer's polled over NVLink; no
 // remote atomics) laid out by `owner_geometry`.
@@ -195,6 +214,7 @@ MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& ow
   bool ok = true;
   visit_kind_from<0, Pass::kNumCounters>(w.counter, [&](auto C) {
     constexpr CounterSpec spec = Pass::kCounters[C];
+    if constexpr (spec.span == Span::kExpert) require_expert(owner_geometry, of);
     const int32_t index = counter_index(owner_geometry, spec.span, minibatch, m_tile, of.expert);
     const uint32_t generation = span_cycles(spec.span) ? owner_geometry.generation_of(minibatch) : 0u;
     ok = wait_at_least(s, waiter, owner_counters.counter[C] + index,
@@ -210,6 +230,7 @@ MOK_HD void signal_counter(Sync& s, const PassCounters<Pass>& c, const PassGeome
                            int32_t minibatch, int32_t m_tile, ExpertOfWork of = {}) {
   visit_kind_from<0, Pass::kNumCounters>(counter, [&](auto C) {
     constexpr CounterSpec spec = Pass::kCounters[C];
+    if constexpr (spec.span == Span::kExpert) require_expert(g, of);
     uint32_t* word = c.counter[C] + counter_index(g, spec.span, minibatch, m_tile, of.expert);
     if constexpr (spec.stores_generation) {
       s.store_release(word, g.generation_of(minibatch) + 1u);

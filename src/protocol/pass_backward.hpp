@@ -19,8 +19,9 @@
 //   combine (home rank): waits for shared_done and every owner's dx_done, then
 //     dx = shared dx + sum_j dx_j in slot order.
 //
-// Ticket order: the shared expert's kinds, then the pipeline g(m), dx(m - L),
-// then the finale: expert by expert, its dW13 tiles, then its dW2 tiles.
+// Ticket order: the shared expert's kinds, then the pipeline (each step: dx of
+// minibatch m - L, then g of minibatch m), then the finale: expert by expert,
+// its dW13 tiles, then its dW2 tiles.
 // The buffers never wrap: the host gives this pass as many "ring" slots as
 // the largest schedule has minibatches, so every generation is 0. The shared
 // expert's weight gradients are not in this table yet (design, open questions).
@@ -58,7 +59,7 @@ struct BackwardPass {
       {static_cast<uint32_t>(CounterId::kRowsFilled), Span::kRingTile, true},
       {static_cast<uint32_t>(CounterId::kD13Ready), Span::kRingTile, false},
       {static_cast<uint32_t>(CounterId::kExpertRowsDone), Span::kExpert, false},
-      {static_cast<uint32_t>(CounterId::kSharedHReady), Span::kTokenTile, false},
+      {static_cast<uint32_t>(CounterId::kSharedD13Ready), Span::kTokenTile, false},
       {static_cast<uint32_t>(CounterId::kSharedDone), Span::kWhole, false},
       {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
   };
@@ -84,6 +85,10 @@ struct BackwardPass {
       {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate,
        Rows::kExpert, Tensor::kExpertWeightGrad, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
   };
+
+  // Its buffers must hold every schedule row (nothing awaits a slot's
+  // readers): the host gives it a slot per minibatch (buffers_hold_schedule).
+  static constexpr bool kWholeSchedule = true;
 
   static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
   static constexpr PipelineEntry kPipeline[] = {{kDx, true}, {kGrad, false}};

@@ -248,6 +248,17 @@ constexpr bool has_expert_work() {
   return false;
 }
 
+// A pass whose buffers must never wrap (it awaits no slot's readers, e.g. the
+// backward, whose weight gradients read every row of an expert at the end).
+template <class Pass>
+constexpr bool needs_whole_schedule() {
+  if constexpr (requires { Pass::kWholeSchedule; }) {
+    return Pass::kWholeSchedule;
+  } else {
+    return false;
+  }
+}
+
 // ---- what a table must satisfy (checked at compile time) ----------------------
 // Every kind is handed out exactly once: by the prologue (own-token kinds,
 // which need no schedule), the pipeline (schedule-row kinds) or the finale
@@ -295,6 +306,18 @@ constexpr bool pass_table_is_consistent() {
     for (const CounterSignal& sig : spec.signals) {
       if (sig.counter != kNoCounter && !allowed(sig.counter)) return false;
     }
+  }
+  // The roles: counters that exist; the combine, which names no m-tile or
+  // expert (it polls each owner's totals), waits on whole-pass counters only.
+  for (const CounterWait& w : Pass::Dispatch::value.waits) {
+    if (w.counter != kNoCounter && (w.counter < 0 || w.counter >= Pass::kNumCounters)) return false;
+  }
+  for (const CounterSignal& sig : Pass::Dispatch::value.signals) {
+    if (sig.counter != kNoCounter && (sig.counter < 0 || sig.counter >= Pass::kNumCounters)) return false;
+  }
+  for (const CounterWait& w : Pass::Combine::value.waits) {
+    if (w.counter == kNoCounter) continue;
+    if (w.counter < 0 || w.counter >= Pass::kNumCounters || Pass::kCounters[w.counter].span != Span::kWhole) return false;
   }
   return true;
 }
@@ -451,6 +474,19 @@ MOK_HD int64_t prologue_task_count(const PassGeometry<Pass>& g) {
     count += static_cast<int64_t>(g.kind_m_tiles(kind)) * g.n_tiles[kind];
   });
   return count;
+}
+
+// Whether a pass that needs its whole schedule resident (needs_whole_schedule)
+// got enough slots for it; every other pass recycles its ring and always fits.
+// The host must refuse a pass for which this is false.
+template <class Pass>
+MOK_HD bool buffers_hold_schedule(const PassGeometry<Pass>& g) {
+  if constexpr (needs_whole_schedule<Pass>()) {
+    return static_cast<int64_t>(g.ring_slots) * g.tiles_per_minibatch() >= g.m_tiles();
+  } else {
+    (void)g;
+    return true;
+  }
 }
 
 // The most tasks a pass of this shape can have, with `tokens` own tokens and

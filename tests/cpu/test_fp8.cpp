@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -157,3 +158,36 @@ TEST(Fp8, BadInputIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// A weight both quantizers can build bit for bit (a float32 division is
+// correctly rounded everywhere; powers of two scale exactly), and the FNV-1a
+// hash of everything quantized from it. python/tests/test_quant.py checks the
+// torch quantizer against the same constant: the two are one quantizer.
+std::vector<float> shared_test_weight() {
+  const int64_t n = 2 * 256 * 384;
+  std::vector<float> w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float num = static_cast<float>((i * 7919) % 2003 - 1001);
+    w[static_cast<size_t>(i)] = std::ldexp(num / 977.0f, static_cast<int>((i / (128 * 384)) % 5) - 2);
+  }
+  return w;
+}
+
+uint64_t fnv1a(const std::vector<std::vector<uint8_t>>& parts) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& part : parts) {
+    for (uint8_t b : part) h = (h ^ b) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST(Fp8, TheSharedTestWeightQuantizesToTheGoldenBytes) {
+  const QuantizedWeight q = quantize_weight(shared_test_weight(), 2, 256, 384);
+  const uint64_t h = fnv1a({q.values, q.scales, q.values_t, q.scales_t});
+  std::printf("[ info ] fp8 golden hash %016llx\n", static_cast<unsigned long long>(h));
+  EXPECT_EQ(h, 0x58d5a7ab2986f80dull);
+}

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "pass_test_support.hpp"
 #include "protocol/host_sync.hpp"
 #include "protocol/pass_backward.hpp"
 #include "protocol/pass_forward.hpp"
@@ -101,17 +102,7 @@ class DataflowModel {
     return ring_row_of_tile(g_, m) + row % g_.tile_m;
   }
   ExpertOfWork expert_of(int32_t kind, int32_t m_tile) const {
-    ExpertOfWork of;
-    if (first_.empty() || kind < 0) return of;
-    if (P::kKinds[kind].rows == Rows::kExpert) {
-      of.expert = expert_of_task(g_, Task{kind, -1, m_tile, 0});
-    } else if (P::kKinds[kind].rows == Rows::kSchedule) {
-      while (of.expert + 2 < static_cast<int32_t>(first_.size()) && first_[of.expert + 1] <= m_tile) ++of.expert;
-    } else {
-      return of;
-    }
-    of.schedule_m_tiles = first_[of.expert + 1] - first_[of.expert];
-    return of;
+    return test_support::expert_of_work(g_, first_, kind, m_tile);
   }
 
   void fail(const std::string& message) {
@@ -163,12 +154,7 @@ class DataflowModel {
     }
   }
 
-  static constexpr int32_t schedule_kind() {
-    for (int32_t k = 0; k < P::kNumKinds; ++k) {
-      if (P::kKinds[k].rows == Rows::kSchedule) return k;
-    }
-    return -1;
-  }
+  static constexpr int32_t schedule_kind() { return test_support::first_schedule_kind<P>(); }
 
   void gemm_worker(int w) {
     std::mt19937 rng(static_cast<unsigned>(500 + w));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mok/presets.hpp"
+#include "pass_test_support.hpp"
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
 #include "protocol/host_sync.hpp"
@@ -486,58 +487,48 @@ struct SignalEvent {
 // The ticket order against the table, for one geometry: every task once, in
 // an order where every wait is met by signals that depend only on smaller
 // tickets, and every target counts exactly the signals that precede it.
-// `expert_first_m_tile` ([El + 1], passes with per-expert work): where each
-// local expert's schedule m-tiles start.
+// Returns what is wrong (empty: nothing). `expert_first_m_tile` ([El + 1],
+// passes with per-expert work): where each local expert's schedule m-tiles
+// start.
 template <class P>
-void check_table_order(const PassGeometry<P>& g, const std::vector<int32_t>& expert_first_m_tile = {}) {
-  // The local expert a piece of work belongs to, for per-expert counters.
-  auto expert_of = [&](int32_t kind, int32_t m_tile) {
-    ExpertOfWork of;
-    if (expert_first_m_tile.empty() || kind < 0) return of;
-    if (P::kKinds[kind].rows == Rows::kSchedule) {
-      while (of.expert + 1 < static_cast<int32_t>(expert_first_m_tile.size()) - 1 &&
-             expert_first_m_tile[static_cast<size_t>(of.expert + 1)] <= m_tile) {
-        ++of.expert;
-      }
-    } else if (P::kKinds[kind].rows == Rows::kExpert) {
-      of.expert = expert_of_task(g, Task{kind, -1, m_tile, 0});
-    } else {
-      return of;
-    }
-    of.schedule_m_tiles = expert_first_m_tile[static_cast<size_t>(of.expert + 1)] -
-                          expert_first_m_tile[static_cast<size_t>(of.expert)];
-    return of;
+std::vector<std::string> table_order_violations(const PassGeometry<P>& g,
+                                                const std::vector<int32_t>& expert_first_m_tile = {}) {
+  using test_support::expert_of_work;
+  std::vector<std::string> errors;
+  auto fail = [&](const std::string& e) {
+    if (errors.size() < 20) errors.push_back(e);
   };
-  constexpr int32_t kScheduleKind = [] {
-    for (int32_t k = 0; k < P::kNumKinds; ++k) {
-      if (P::kKinds[k].rows == Rows::kSchedule) return k;
-    }
-    return -1;
-  }();
+  auto expert_of = [&](int32_t kind, int32_t m_tile) { return expert_of_work(g, expert_first_m_tile, kind, m_tile); };
+  constexpr int32_t kScheduleKind = test_support::first_schedule_kind<P>();
+  if (!buffers_hold_schedule(g)) fail("the pass needs its whole schedule resident and its buffers are too small");
+
   std::vector<Task> tasks;
   std::map<std::tuple<int, int, int>, int> seen;  // (kind, m_tile, n_tile) -> times
   for (int64_t ticket = 0; ticket < task_count(g); ++ticket) {
     const Task t = decode_task(g, ticket);
-    ASSERT_NE(t.kind, kNoTask) << ticket;
-    ASSERT_LT(t.n_tile, g.n_tiles[t.kind]) << ticket;
-    ASSERT_LT(t.m_tile, g.kind_m_tiles(t.kind)) << ticket;
-    if (P::kKinds[t.kind].rows == Rows::kSchedule) {
-      ASSERT_EQ(t.minibatch, t.m_tile / g.tiles_per_minibatch()) << ticket;
+    if (t.kind == kNoTask || t.n_tile >= g.n_tiles[t.kind] || t.m_tile >= g.kind_m_tiles(t.kind) ||
+        (P::kKinds[t.kind].rows == Rows::kSchedule && t.minibatch != t.m_tile / g.tiles_per_minibatch())) {
+      fail("ticket " + std::to_string(ticket) + " decodes to no valid task");
+      return errors;
     }
     ++seen[{t.kind, t.m_tile, t.n_tile}];
     tasks.push_back(t);
   }
-  EXPECT_EQ(decode_task(g, task_count(g)).kind, kNoTask);
+  if (decode_task(g, task_count(g)).kind != kNoTask) fail("a ticket past the end decodes to a task");
   for (int k = 0; k < P::kNumKinds; ++k) {
     for (int m = 0; m < g.kind_m_tiles(k); ++m) {
-      for (int n = 0; n < g.n_tiles[k]; ++n) EXPECT_EQ((seen[{k, m, n}]), 1) << k << " " << m << " " << n;
+      for (int n = 0; n < g.n_tiles[k]; ++n) {
+        if (seen[{k, m, n}] != 1) fail("task " + std::to_string(k) + " " + std::to_string(m) + " " + std::to_string(n) +
+                                       " handed out " + std::to_string(seen[{k, m, n}]) + " times");
+      }
     }
   }
   // The prologue (token rows, no schedule needed) comes first: the GEMM
   // roles read the schedule only for tickets past it.
   for (int64_t ticket = 0; ticket < static_cast<int64_t>(tasks.size()); ++ticket) {
-    EXPECT_EQ(P::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows == Rows::kTokens, ticket < prologue_task_count(g))
-        << ticket;
+    if ((P::kKinds[tasks[static_cast<size_t>(ticket)].kind].rows == Rows::kTokens) != (ticket < prologue_task_count(g))) {
+      fail("ticket " + std::to_string(ticket) + " is on the wrong side of the prologue");
+    }
   }
 
   // Every signal, by counter.
@@ -574,7 +565,10 @@ void check_table_order(const PassGeometry<P>& g, const std::vector<int32_t>& exp
       }
       latest = std::max(latest, e.depends_on);
     }
-    EXPECT_EQ(count, wait_target(g, w, generation, of.schedule_m_tiles)) << who << " waiting on counter " << w.counter;
+    if (count != wait_target(g, w, generation, of.schedule_m_tiles)) {
+      fail(who + " waiting on counter " + std::to_string(w.counter) + ": target " +
+           std::to_string(wait_target(g, w, generation, of.schedule_m_tiles)) + ", signals " + std::to_string(count));
+    }
     return latest;
   };
   // Dispatch, m-tile by m-tile in order (a dispatch worker takes its m-tiles
@@ -595,14 +589,22 @@ void check_table_order(const PassGeometry<P>& g, const std::vector<int32_t>& exp
     for (const CounterWait& w : P::kKinds[t.kind].waits) {
       if (w.counter == kNoCounter) continue;
       const int64_t latest = needed(w, t.minibatch, t.m_tile, "ticket " + std::to_string(i), expert_of(t.kind, t.m_tile));
-      EXPECT_LT(latest, static_cast<int64_t>(i)) << "ticket " << i << " (kind " << t.kind << ") waits on counter "
-                                                 << w.counter << ", raised by ticket " << latest;
+      if (latest >= static_cast<int64_t>(i)) {
+        fail("ticket " + std::to_string(i) + " (kind " + std::to_string(t.kind) + ") waits on counter " +
+             std::to_string(w.counter) + ", raised by ticket " + std::to_string(latest));
+      }
     }
   }
   // The combine's waits count every signal of the pass.
   for (const CounterWait& w : P::Combine::value.waits) {
     if (w.counter != kNoCounter) needed(w, 0, 0, "combine");
   }
+  return errors;
+}
+
+template <class P>
+void check_table_order(const PassGeometry<P>& g, const std::vector<int32_t>& expert_first_m_tile = {}) {
+  for (const std::string& e : table_order_violations(g, expert_first_m_tile)) ADD_FAILURE() << e;
 }
 
 TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
@@ -660,6 +662,30 @@ TEST(PassTable, BackwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
       }
     }
   }
+}
+
+// The checks can fail: a backward whose pipeline puts dx(m) before the g(m)
+// it reads, and a backward given fewer slots than its schedule needs.
+struct ReorderedBackward : BackwardPass {
+  static constexpr PipelineEntry kPipeline[] = {{kDx, false}, {kGrad, false}};
+};
+
+TEST(PassTable, TheOrderCheckCatchesAPipelineThatReadsAheadOfItsProducer) {
+  const std::vector<int32_t> first{0, 2, 5};
+  PassShape shape{8, 16, 8, 1, 512, 384, 256};
+  shape.local_experts = 2;
+  const auto g = pass_geometry<ReorderedBackward>(shape, 13, first.back() * 8);
+  const std::vector<std::string> errors = table_order_violations(g, first);
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("raised by ticket"), std::string::npos) << errors[0];
+  // The real table with the same geometry is clean, and with one slot for a
+  // five-m-tile schedule it is refused.
+  const auto good = pass_geometry<BackwardPass>(shape, 13, first.back() * 8);
+  EXPECT_TRUE(table_order_violations(good, first).empty());
+  shape.ring_slots = 1;
+  const auto cramped = pass_geometry<BackwardPass>(shape, 13, first.back() * 8);
+  EXPECT_FALSE(buffers_hold_schedule(cramped));
+  EXPECT_TRUE(buffers_hold_schedule(forward_geometry(shape, 13, first.back() * 8)));  // the forward recycles
 }
 
 }  // namespace
