@@ -10,6 +10,8 @@
 #   scripts/device_check.sh [tests] [memcheck] [racecheck] [bits] [speed]
 #   MOK_BASELINE_CLI=path/to/mok_cli   the baseline for 'bits' and 'speed'
 #   MOK_SANITIZE='Filter*'             GPU tests for memcheck / racecheck (gtest filter)
+#   MOK_BASELINE_GPU_TESTS=path        a baseline's mok_gpu_tests: racecheck runs on it too, so a
+#                                      report can be told apart from one the baseline already has
 #   MOK_ROUNDS=3                       alternations per preset for 'speed'
 #
 # A baseline is a mok_cli built here from another commit and carried along:
@@ -51,6 +53,11 @@ for tool in memcheck racecheck; do
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/mok_gpu_tests --gtest_color=no \
       --gtest_filter="$MOK_SANITIZE" >"$OUT/$tool.log" 2>&1
     summary+=("$tool rc=$? on '$MOK_SANITIZE': $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)")
+    if [ "$tool" = racecheck ] && [ -x "${MOK_BASELINE_GPU_TESTS:-}" ]; then
+      timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$MOK_BASELINE_GPU_TESTS" --gtest_color=no \
+        --gtest_filter="$MOK_SANITIZE" >"$OUT/racecheck_baseline.log" 2>&1
+      summary+=("racecheck (baseline) rc=$?: $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_baseline.log" | tail -1)")
+    fi
   fi
 done
 
