@@ -1,0 +1,131 @@
+"""mok.hf, the transformers experts backend: registration and what it refuses
+(CPU, on small models built from configs), and on a Hopper GPU the logits of
+small Qwen3-MoE and DeepSeek-V3 models against transformers' own backends."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import mok  # noqa: E402
+import mok.hf  # noqa: E402
+from conftest import has_hopper  # noqa: E402
+
+
+def _qwen3_moe_config(**overrides):
+    from transformers import Qwen3MoeConfig
+    values = dict(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=256)
+    values.update(overrides)
+    return Qwen3MoeConfig(**values)
+
+
+def _deepseek_v3_config(**overrides):
+    from transformers import DeepseekV3Config
+    values = dict(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16,
+                  num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+                  q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
+                  max_position_embeddings=256)
+    values.update(overrides)
+    return DeepseekV3Config(**values)
+
+
+def _experts_modules(model):
+    return [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj")]
+
+
+def _model(config, implementation):
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, experts_implementation=implementation)
+
+
+def test_register_adds_the_backend_that_models_then_accept():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    assert mok.hf.register() == "mok"
+    assert ALL_EXPERTS_FUNCTIONS["mok"] is mok.hf.experts_forward
+    model = _model(_qwen3_moe_config(), "grouped_mm")
+    model.set_experts_implementation("mok")
+    assert model.get_experts_implementation()[""] == "mok"
+
+
+def test_register_rejects_unknown_tuning_options_at_once():
+    with pytest.raises(TypeError, match="unknown tuning option"):
+        mok.hf.register(minibatch_row=64)
+    mok.hf.register()  # the settings of a failed call are not kept
+
+
+def test_swiglu_experts_of_real_models_are_accepted():
+    for config in (_qwen3_moe_config(), _deepseek_v3_config()):
+        experts = _experts_modules(_model(config, "eager"))
+        assert experts
+        for e in experts:
+            assert mok.hf.module_problems(e) == []
+
+
+def test_what_mok_cannot_run_is_named():
+    from transformers import GptOssConfig, GptOssForCausalLM
+    gpt_oss = GptOssForCausalLM(GptOssConfig(vocab_size=256, hidden_size=128, intermediate_size=128,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=32, num_local_experts=4, num_experts_per_tok=2))
+    problems = " | ".join(mok.hf.module_problems(_experts_modules(gpt_oss)[0]))
+    for expected in ("biases", "interleaved", "transposed", "own gate function"):
+        assert expected in problems
+
+    gelu = _experts_modules(_model(_qwen3_moe_config(hidden_act="gelu"), "eager"))[0]
+    assert any("not SiLU" in p for p in mok.hf.module_problems(gelu))
+
+    odd = _experts_modules(_model(_qwen3_moe_config(moe_intermediate_size=96), "eager"))[0]
+    assert any("multiples of 64" in p for p in mok.hf.module_problems(odd))
+
+
+def test_a_cpu_model_is_refused_before_any_work():
+    mok.hf.register()
+    model = _model(_qwen3_moe_config(), "mok").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16 on a CUDA device"):
+        model(torch.randint(0, 512, (1, 8)))
+
+
+def test_a_refused_module_raises_with_its_reasons():
+    mok.hf.register()
+    model = _model(_qwen3_moe_config(hidden_act="gelu"), "mok")
+    with pytest.raises(ValueError, match="not SiLU.*another experts_implementation"):
+        model(torch.randint(0, 512, (1, 8)))
+
+
+# --- on a Hopper GPU: mok against transformers' own backends ---
+
+def _logits(config, implementation, input_ids):
+    model = _model(config, implementation).to(device="cuda", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        return model(input_ids).logits.float()
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
+@pytest.mark.parametrize("make_config", [_qwen3_moe_config, _deepseek_v3_config])
+def test_logits_match_transformers_backends_and_repeat_bitwise(make_config):
+    mok.hf.register(check_errors=True)
+    config = make_config()
+    input_ids = torch.randint(0, config.vocab_size, (2, 48), device="cuda",
+                              generator=torch.Generator("cuda").manual_seed(1))
+    want = _logits(config, "grouped_mm", input_ids)
+    eager = _logits(config, "eager", input_ids)
+    got = _logits(config, "mok", input_ids)
+    assert torch.equal(got, _logits(config, "mok", input_ids)), "two mok runs differ"
+    scale = want.norm()
+    # bf16 activations between layers: the backends differ by roundings only,
+    # and mok is no farther from grouped_mm than eager is (plus slack).
+    eager_error = float((eager - want).norm() / scale)
+    mok_error = float((got - want).norm() / scale)
+    assert mok_error < max(2e-2, 2 * eager_error), (mok_error, eager_error)
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_backward_through_the_backend_raises_until_the_fused_backward_lands():
+    mok.hf.register()
+    model = _model(_qwen3_moe_config(), "mok").to(device="cuda", dtype=torch.bfloat16)
+    logits = model(torch.randint(0, 512, (1, 16), device="cuda")).logits
+    with pytest.raises(NotImplementedError, match="fused backward is not implemented"):
+        logits.float().sum().backward()
