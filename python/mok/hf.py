@@ -110,7 +110,8 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
     tensors = (("hidden_states", hidden_states), ("gate_up_proj", self.gate_up_proj),
                ("down_proj", self.down_proj))
     for name, t in tensors:
-        if t.dtype != torch.bfloat16 or t.device.type != "cuda":
+        # meta: what torch.compile traces with off the GPU (the op's Meta kernel runs the same checks)
+        if t.dtype != torch.bfloat16 or t.device.type not in ("cuda", "meta"):
             problems.append(f"{name} is {t.dtype} on {t.device}; mok needs bf16 on a CUDA device")
     if hidden_states.dim() != 2 or top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 \
             or top_k_index.shape[0] != hidden_states.shape[0]:

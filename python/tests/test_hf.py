@@ -95,6 +95,28 @@ def test_a_refused_module_raises_with_its_reasons():
         model(torch.randint(0, 512, (1, 8)))
 
 
+def test_compile_fullgraph_traces_the_backend_without_a_graph_break():
+    mok.hf.register()
+    experts = _experts_modules(_model(_qwen3_moe_config(), "mok"))[0].to(device="meta", dtype=torch.bfloat16)
+    T, k = 24, 2
+    hidden = torch.empty(T, 128, dtype=torch.bfloat16, device="meta")
+    ids = torch.empty(T, k, dtype=torch.int64, device="meta")
+    weights = torch.empty(T, k, dtype=torch.bfloat16, device="meta")
+    explanation = torch._dynamo.explain(experts)(hidden, ids, weights)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(experts, fullgraph=True, backend=backend)(hidden, ids, weights)
+    assert out.shape == (T, 128) and out.dtype == torch.bfloat16
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("mok.fused_forward" in t for t in targets), targets
+
+
 # --- on a Hopper GPU: mok against transformers' own backends ---
 
 def _logits(config, implementation, input_ids):
