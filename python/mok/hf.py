@@ -40,6 +40,9 @@ from .options import tuning_list
 BACKEND_NAME = "mok"
 
 _settings: dict = {"check_errors": False, "tuning": {}}
+# Where the kernel's tensors may live. meta: what torch.compile traces with
+# off the GPU (the op's Meta kernel runs the same checks as the CUDA one).
+_DEVICE_TYPES = ("cuda", "meta")
 
 
 def register(name: str = BACKEND_NAME, *, check_errors: bool = False, **tuning) -> str:
@@ -110,8 +113,7 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
     tensors = (("hidden_states", hidden_states), ("gate_up_proj", self.gate_up_proj),
                ("down_proj", self.down_proj))
     for name, t in tensors:
-        # meta: what torch.compile traces with off the GPU (the op's Meta kernel runs the same checks)
-        if t.dtype != torch.bfloat16 or t.device.type not in ("cuda", "meta"):
+        if t.dtype != torch.bfloat16 or t.device.type not in _DEVICE_TYPES:
             problems.append(f"{name} is {t.dtype} on {t.device}; mok needs bf16 on a CUDA device")
     if hidden_states.dim() != 2 or top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 \
             or top_k_index.shape[0] != hidden_states.shape[0]:

@@ -95,6 +95,48 @@ def test_a_refused_module_raises_with_its_reasons():
         model(torch.randint(0, 512, (1, 8)))
 
 
+def _torch_fused_forward(xs, ids, ws, w13s, w2s, shared_w13=None, shared_w2=None, *, num_experts, check_errors,
+                         **tuning):
+    """mok.fused_forward's contract written in fp32 torch, one rank: w13 gate
+    rows then up rows, out = sum_j w_j * down(silu(gate x) * up x)."""
+    (x,), (ids,), (w,), (w13,), (w2,) = xs, ids, ws, w13s, w2s
+    assert shared_w13 is None and shared_w2 is None and w13.shape[0] == num_experts
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and x.dtype == torch.bfloat16
+    I = w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate_up = w13[e].float() @ x[t].float()
+            h = torch.nn.functional.silu(gate_up[:I]) * gate_up[I:]
+            out[t] += float(w[t, j]) * (w2[e].float() @ h)
+    return [out.bfloat16()]
+
+
+@pytest.mark.parametrize("make_config", [_qwen3_moe_config, _deepseek_v3_config])
+def test_the_backend_hands_the_kernel_what_its_contract_says(make_config, monkeypatch):
+    # The kernel replaced by its contract in torch (on the CPU): the logits
+    # must match transformers' eager experts, so the ids, weights and the
+    # gate-then-up layout reach the kernel as it reads them.
+    monkeypatch.setattr(mok.hf, "fused_forward", _torch_fused_forward)
+    monkeypatch.setattr(mok.hf, "_DEVICE_TYPES", ("cpu",))
+    mok.hf.register()
+    config = make_config()
+    input_ids = torch.randint(0, config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for implementation in ("eager", "mok"):
+        model = _model(config, implementation).to(torch.bfloat16).eval()
+        for e in _experts_modules(model):  # from_config leaves the experts' weights uninitialised
+            torch.nn.init.normal_(e.gate_up_proj, std=e.gate_up_proj.shape[2] ** -0.5,
+                                  generator=torch.Generator().manual_seed(4))
+            torch.nn.init.normal_(e.down_proj, std=e.down_proj.shape[2] ** -0.5,
+                                  generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits[implementation] = model(input_ids).logits.float()
+    error = float((logits["mok"] - logits["eager"]).norm() / logits["eager"].norm())
+    assert error < 2e-2, error
+
+
 def test_compile_fullgraph_traces_the_backend_without_a_graph_break():
     mok.hf.register()
     experts = _experts_modules(_model(_qwen3_moe_config(), "mok"))[0].to(device="meta", dtype=torch.bfloat16)
