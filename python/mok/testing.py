@@ -1,7 +1,9 @@
 """Random layers for checking a world of ranks against the virtual world: the
 whole world's batch and experts, built from a seed on the CPU so that every
 process of a world builds the same one; the share of one rank; and the split
-of a layer into the per-rank lists that mok.fused_forward takes.
+of a layer into the per-rank lists that mok.fused_forward takes; and the
+layer computed in fp32 torch with the kernel's bf16 rounding points, to check
+it against.
 
 Used by python/tests, bench/bench_fused_forward.py and tools/torchrun_forward.py.
 """
@@ -52,3 +54,26 @@ def split_world(layer, world, device=None):
     parts = [rank_slice(layer, r, world, device) for r in range(world)]
     lists = tuple([p[i] for p in parts] for i in range(5))
     return lists + (parts[0][5], parts[0][6])
+
+
+def reference_forward(x, ids, w, w13, w2, shared_w13=None, shared_w2=None):
+    """The layer in fp32 torch, rounding to bf16 where the kernel does (h, each
+    expert's y, the shared expert's hidden and output; include/mok/reference.hpp
+    lists them): out [T, H] fp32 = shared(x) + sum_j w[:, j] * y_j, for one
+    rank holding every expert (global ids index w13 [E, 2I, H] and w2 [E, H, I])."""
+    import torch.nn.functional as F
+
+    I = w2.shape[2]
+    xf = x.float()
+    out = torch.zeros_like(xf)
+    for j in range(ids.shape[1]):
+        chosen = ids[:, j].long()
+        gu = torch.einsum("th,tnh->tn", xf, w13.float()[chosen])
+        h = (F.silu(gu[:, :I]) * gu[:, I:]).bfloat16().float()
+        y = torch.einsum("ti,thi->th", h, w2.float()[chosen]).bfloat16().float()
+        out += w[:, j:j + 1].float() * y
+    if shared_w13 is not None:
+        S = shared_w2.shape[1]
+        s = F.silu(xf @ shared_w13.float()[:S].t()) * (xf @ shared_w13.float()[S:].t())
+        out += (s.bfloat16().float() @ shared_w2.float().t()).bfloat16().float()
+    return out

@@ -7,35 +7,19 @@ import threading
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import skip_without_hopper
 
 skip_without_hopper()
 
 import mok  # noqa: E402
-from mok.testing import random_global_layer, split_world  # noqa: E402
+from mok.testing import random_global_layer, reference_forward, split_world  # noqa: E402
 
 H, I, E, K = 256, 128, 8, 2
 
 
 def _layer(T, seed, shared=True):
     return random_global_layer(T, H, I, E, K, I if shared else 0, seed, "cuda")
-
-
-def _reference(x, ids, w, w13, w2, sw13, sw2):
-    xf = x.float()
-    out = torch.zeros_like(xf)
-    for j in range(K):
-        g13 = w13.float()[ids[:, j].long()]  # [T, 2I, H]
-        gu = torch.einsum("th,tnh->tn", xf, g13)
-        h = (F.silu(gu[:, :I]) * gu[:, I:]).bfloat16().float()
-        y = torch.einsum("ti,thi->th", h, w2.float()[ids[:, j].long()]).bfloat16().float()
-        out += w[:, j:j + 1] * y
-    if sw13 is not None:
-        s = F.silu(xf @ sw13.float()[:I].t()) * (xf @ sw13.float()[I:].t())
-        out += (s.bfloat16().float() @ sw2.float().t()).bfloat16().float()
-    return out
 
 
 def _same_bits(a, b):
@@ -46,7 +30,7 @@ def _same_bits(a, b):
 def test_matches_fp32_torch(shared):
     layer = _layer(300, 1, shared)
     out = mok.fused_forward(*split_world(layer, 1), num_experts=E, check_errors=True)[0]
-    ref = _reference(*layer)
+    ref = reference_forward(*layer)
     assert torch.isfinite(out.float()).all()
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 1e-2, rel

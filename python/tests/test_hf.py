@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 import mok  # noqa: E402
 import mok.hf  # noqa: E402
 from conftest import has_hopper  # noqa: E402
+from mok.testing import reference_forward  # noqa: E402
 
 
 def _qwen3_moe_config(**overrides):
@@ -97,20 +98,12 @@ def test_a_refused_module_raises_with_its_reasons():
 
 def _torch_fused_forward(xs, ids, ws, w13s, w2s, shared_w13=None, shared_w2=None, *, num_experts, check_errors,
                          **tuning):
-    """mok.fused_forward's contract written in fp32 torch, one rank: w13 gate
-    rows then up rows, out = sum_j w_j * down(silu(gate x) * up x)."""
+    """mok.fused_forward's contract in torch on one rank (mok.testing's fp32
+    reference), checking the argument types the kernel reads."""
     (x,), (ids,), (w,), (w13,), (w2,) = xs, ids, ws, w13s, w2s
     assert shared_w13 is None and shared_w2 is None and w13.shape[0] == num_experts
     assert ids.dtype == torch.int32 and w.dtype == torch.float32 and x.dtype == torch.bfloat16
-    I = w2.shape[2]
-    out = torch.zeros(x.shape, dtype=torch.float32)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            gate_up = w13[e].float() @ x[t].float()
-            h = torch.nn.functional.silu(gate_up[:I]) * gate_up[I:]
-            out[t] += float(w[t, j]) * (w2[e].float() @ h)
-    return [out.bfloat16()]
+    return [reference_forward(x, ids, w, w13, w2).bfloat16()]
 
 
 @pytest.mark.parametrize("make_config", [_qwen3_moe_config, _deepseek_v3_config])

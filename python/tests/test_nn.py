@@ -11,6 +11,7 @@ import torch
 import mok
 from conftest import has_hopper
 from mok.nn import MoE, TopKRouter
+from mok.testing import reference_forward
 
 
 def _loop_router(x, weight, top_k, scoring, n_group=1, topk_group=1, bias=None, norm=True, scale=1.0,
@@ -149,16 +150,7 @@ def test_layer_matches_an_fp32_torch_computation_on_the_gpu():
         out = moe(x)
         tokens = x.reshape(-1, H)
         ids, w = moe.router(tokens)
-        xf = tokens.float()
-        want = torch.zeros_like(xf)
-        for j in range(K):
-            g13 = moe.w13.float()[ids[:, j].long()]
-            gu = torch.einsum("th,tnh->tn", xf, g13)
-            h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).bfloat16().float()
-            y = torch.einsum("ti,thi->th", h, moe.w2.float()[ids[:, j].long()]).bfloat16().float()
-            want += w[:, j:j + 1] * y
-        s = torch.nn.functional.silu(xf @ moe.shared_w13.float()[:S].t()) * (xf @ moe.shared_w13.float()[S:].t())
-        want += (s.bfloat16().float() @ moe.shared_w2.float().t()).bfloat16().float()
+        want = reference_forward(tokens, ids, w, moe.w13, moe.w2, moe.shared_w13, moe.shared_w2)
     err = (out.reshape(-1, H).float() - want).norm() / want.norm()
     assert err < 1e-2, err
     # Bitwise repeatable.
