@@ -22,6 +22,20 @@
 // a, b, out 16-byte aligned; group arrays 4-byte aligned. Anything else throws
 // mok::Error before any launch.
 //
+// SwiGLU backward (epilogue kSwiGLUBackward; the data gradient through the
+// down projection and the activation, docs/backward-design.md):
+//   a       [m_total, k]   dout rows (k = H)
+//   b       [G, k, n]      W2 as nn.Linear stores it ([H, I]), b_layout kKN
+//   preact  [m_total, 2n]  the forward's [gate | up] pre-activations of each row
+//   with acc = a . b[g] (fp32, = W2^T dout), w = row_scale[row] (1 if null),
+//   s = 1 / (1 + e^-gate), h = gate * s * up, dh = w * acc:
+//   out        [m_total, 2n] bf16  [dh * up * s * (1 + gate * (1 - s)) | dh * gate * s]
+//   scaled_act [m_total, n]  bf16  w * h                        (null: not written)
+//   row_scale_grad [m_total] fp32  sum over columns of acc * h  (null: not written),
+//              summed per n-tile in a fixed order into `scratch`
+//              ([m_total, swiglu_backward_parts(n)] fp32), then over the
+//              n-tiles in order by a second kernel on the same stream.
+//
 // Determinism: a row's output depends only on that row and the weights: same
 // bits whatever its offset, its group's size, the other rows or the grid size.
 #pragma once
@@ -33,7 +47,7 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace mok {
 
-enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1 };
+enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2 };
 // How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
 // (plain epilogue only; what a data gradient reads: dx = dy . W).
 enum class WeightLayout : int { kNK = 0, kKN = 1 };
@@ -50,6 +64,12 @@ struct GroupedGemmArgs {
   int64_t k = 0;                        // reduction length
   GemmEpilogue epilogue = GemmEpilogue::kPlain;
   WeightLayout b_layout = WeightLayout::kNK;
+  // kSwiGLUBackward only (see above); out is then [m_total, 2n].
+  const void* preact = nullptr;        // bf16 [m_total, 2n]
+  const float* row_scale = nullptr;    // fp32 [m_total]; null = every row's weight is 1
+  void* scaled_act = nullptr;          // bf16 [m_total, n]; null = not written
+  float* row_scale_grad = nullptr;     // fp32 [m_total]; null = not written
+  float* scratch = nullptr;            // fp32 [m_total, swiglu_backward_parts(n)]; needed with row_scale_grad
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.
@@ -70,6 +90,9 @@ struct GroupedGemmConfig {
 };
 
 GroupedGemmConfig grouped_gemm_config(GemmEpilogue epilogue);
+
+// Columns of the kSwiGLUBackward scratch: one fp32 part of <acc, h> per n-tile.
+int64_t swiglu_backward_parts(int64_t n);
 
 // Throws mok::Error naming the first bad field; touches no device memory.
 void validate_grouped_gemm(const GroupedGemmArgs& args);

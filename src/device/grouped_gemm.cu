@@ -7,14 +7,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
 
 #include "common/cuda_check.hpp"
 #include "device/gemm/tile_config.cuh"
-#include "device/host/driver_api.hpp"
+#include "device/host/gemm_host.hpp"
 #include "device/kernel/grouped_gemm_kernel.cuh"
 #include "mok/error.hpp"
 
@@ -46,52 +45,11 @@ GroupedGemmConfig describe_config() {
   return c;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+using device::encode_bf16_map;
+using device::kInt32Max;
+using device::require_pointer;
 
-void require_pointer(const void* p, const char* field, uintptr_t alignment) {
-  if (p == nullptr) throw Error(std::string(field) + " is null");
-  if (!aligned(p, alignment)) {
-    // No iostreams on paths the torch extension runs (see src/world/fused_forward.cu).
-    char text[32];
-    std::snprintf(text, sizeof(text), "%p", p);
-    throw Error(std::string(field) + " = " + text + ": must be " + std::to_string(alignment) + "-byte aligned");
-  }
-}
-
-constexpr int64_t kInt32Max = 2147483647;
-
-// A K-major bf16 operand as a TMA tensor map, 128-byte swizzle, box inner
-// dimension 64 elements (one swizzle row), zero fill out of bounds.
-CUtensorMap encode_map(const char* what, const void* base, int rank, const cuuint64_t* dims,
-                       const cuuint64_t* byte_strides, const cuuint32_t* box) {
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return device::encode_tensor_map_tiled(
-      what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), base, dims,
-      byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-
-struct DeviceInfo {
-  int device = -1;
-  int sms = 0;
-};
-
-int sm_count() {
-  thread_local DeviceInfo cached;
-  int device = 0;
-  MOK_CUDA_CHECK(cudaGetDevice(&device));
-  if (cached.device != device) {
-    int major = 0;
-    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major != 9) {
-      throw Error("grouped_gemm needs a Hopper GPU (sm_90a); device " + std::to_string(device) +
-                  " has compute capability " + std::to_string(major) + ".x");
-    }
-    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&cached.sms, cudaDevAttrMultiProcessorCount, device));
-    cached.device = device;
-  }
-  return cached.sms;
-}
+int sm_count() { return device::hopper_sm_count("grouped_gemm"); }
 
 // Row tiles per raster band (sched/grouped_tiles.cuh). MOK_GEMM_BAND
 // overrides it for tuning runs; results never depend on it.
@@ -115,24 +73,24 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(args.m_total)};
   const cuuint64_t a_strides[1] = {row_bytes};
   const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM};
-  const CUtensorMap a_map = encode_map("a", args.a, 2, a_dims, a_strides, a_box);
+  const CUtensorMap a_map = encode_bf16_map("a", args.a, 2, a_dims, a_strides, a_box);
 
   CUtensorMap b_map;
   if constexpr (Cfg::kBMajor == mok::OperandMajor::kMN) {
     const cuuint64_t b_dims[3] = {n, k, g};
     const cuuint64_t b_strides[2] = {n * 2, k * n * 2};
     const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(Cfg::kMNBlock), Cfg::kBlockK, 1};
-    b_map = encode_map("b (k-by-n)", args.b, 3, b_dims, b_strides, b_box);
+    b_map = encode_bf16_map("b (k-by-n)", args.b, 3, b_dims, b_strides, b_box);
   } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
     const cuuint64_t b_dims[4] = {k, n, 2, g};
     const cuuint64_t b_strides[3] = {row_bytes, n * row_bytes, 2 * n * row_bytes};
     const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
-    b_map = encode_map("b (w13)", args.b, 4, b_dims, b_strides, b_box);
+    b_map = encode_bf16_map("b (w13)", args.b, 4, b_dims, b_strides, b_box);
   } else {
     const cuuint64_t b_dims[3] = {k, n, g};
     const cuuint64_t b_strides[2] = {row_bytes, n * row_bytes};
     const cuuint32_t b_box[3] = {Cfg::kBlockK, Cfg::kBlockN, 1};
-    b_map = encode_map("b", args.b, 3, b_dims, b_strides, b_box);
+    b_map = encode_bf16_map("b", args.b, 3, b_dims, b_strides, b_box);
   }
 
   device::GroupedGemmParams params;

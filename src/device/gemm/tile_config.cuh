@@ -12,9 +12,10 @@
 namespace mok::device {
 
 template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_,
-          ElementType kElement_ = ElementType::kBF16, OperandMajor kBMajor_ = OperandMajor::kK>
+          ElementType kElement_ = ElementType::kBF16, OperandMajor kBMajor_ = OperandMajor::kK,
+          OperandMajor kAMajor_ = OperandMajor::kK>
 struct GemmTileConfig {
-  static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_, kBMajor_};
+  static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_, kBMajor_, kAMajor_};
   static constexpr int kBlockM = kBlockM_;  // A rows per tile: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;  // weight rows per tile = the wgmma N
   static constexpr int kBlockK = kShape.block_k();  // one 128-byte swizzle row of the element type
@@ -23,7 +24,8 @@ struct GemmTileConfig {
   static constexpr EpilogueKind kEpilogue = kEpilogue_;
   static constexpr ElementType kElement = kElement_;
   static constexpr OperandMajor kBMajor = kBMajor_;
-  // An MN-major B arrives as BN / kMNBlock boxes of [kBlockK rows][kMNBlock
+  static constexpr OperandMajor kAMajor = kAMajor_;
+  // An MN-major operand (B, or the A of a weight gradient) arrives as BN / kMNBlock boxes of [kBlockK rows][kMNBlock
   // columns], one 128-byte swizzle row of N per k.
   static constexpr int kMNBlock = kRowBytes / element_bytes(kElement_);
 
@@ -62,9 +64,10 @@ struct GemmTileConfig {
   static_assert(kEpilogue != EpilogueKind::kSwiGLU || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");
   static_assert(kOutCols % 64 == 0, "the epilogue stores 64-column slabs");
-  static_assert(kShape.a_major == OperandMajor::kK, "this build loads A K-major only");
-  static_assert(kBMajor == OperandMajor::kK || kEpilogue == EpilogueKind::kPlain,
-                "an MN-major B is for plain tiles (a SwiGLU B interleaves gate and up rows along N)");
+  static_assert(kAMajor == OperandMajor::kK || kEpilogue == EpilogueKind::kWeightGrad,
+                "an MN-major A is a weight gradient's (rows^T); every other tile reads A K-major");
+  static_assert(kBMajor == OperandMajor::kK || kEpilogue != EpilogueKind::kSwiGLU,
+                "a SwiGLU B interleaves gate and up rows along N: K-major only");
 };
 
 template <class Cfg>

@@ -58,13 +58,13 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
   }
 }
 
-template <int kN, int kTransB>
+template <int kN, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void mma_bf16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                          uint32_t accumulate) {
   if constexpr (kN == 256) {
-    wgmma::mma_m64n256k16<kTransB>(d, desc_a, desc_b, accumulate);
+    wgmma::mma_m64n256k16<kTransB, kTransA>(d, desc_a, desc_b, accumulate);
   } else {
-    wgmma::mma_m64n128k16<kTransB>(d, desc_a, desc_b, accumulate);
+    wgmma::mma_m64n128k16<kTransB, kTransA>(d, desc_a, desc_b, accumulate);
   }
 }
 

@@ -90,6 +90,13 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tensor_map, u
                                   tensor_map, coords, bar);
 }
 
+// Orders this thread's generic-proxy writes to shared memory before later
+// async-proxy reads of it (wgmma operands): after a thread patches a stage
+// that TMA filled, and before the barrier that lets wgmma read it.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
 // Pulls a __grid_constant__ tensor map into the descriptor cache ahead of use.
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");

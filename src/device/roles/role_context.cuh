@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "device/kernel/fused_forward_params.hpp"
+#include "device/ptx/named_barrier.cuh"
 #include "protocol/pass_forward.hpp"
 #include "protocol/device_sync.cuh"
 
@@ -15,10 +16,6 @@ namespace mok::device {
 enum NamedBarrier : int {
   kBarrierDispatch = 1,  // the copy warps of a dispatch CTA
 };
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Warps per dispatch CTA, every one of which builds a share of the schedule
 // (the fused kernel's CTA size; static_assert there).

@@ -1,0 +1,52 @@
+// Grouped weight-gradient GEMM on Hopper (bf16 in, fp32 out): for each group
+// g, the sum over its rows of the outer products a[r]^T b[r] -- what the
+// backward of a grouped linear layer needs for its weights:
+//   dW2[e]  = sum_r dy[r]^T h[r]     (a = dy rows [.., H], b = h rows [.., I])
+//   dW13[e] = sum_r d13[r]^T x[r]    (a = [da | db] rows [.., 2I], b = x rows [.., H])
+// Host API only.
+//
+//   a    bf16 [m_total, m]   row-major; group g owns rows
+//   b    bf16 [m_total, n]   [group_offset[g], group_offset[g] + group_rows[g])
+//   out  fp32 [G, m, n]      out[g] = sum_r a[r]^T b[r]   (accumulate: out[g] += ...)
+// group_offset (int32 [G + 1]) and group_rows (int32 [G]) live in DEVICE
+// memory, as for grouped_gemm (same rules; rows outside every group are never
+// read into a sum). A group with no rows gets zeros (accumulate: is left as is).
+//
+// Determinism: each output element is one fp32 accumulator chain over its
+// group's rows in order, in 64-row blocks from the group's first row (wgmma
+// k16 steps inside a block), then -- when accumulating -- one addition to the
+// old value. The bits depend only on the group's rows, never on where the
+// group sits in a, on the other groups or on the grid size.
+//
+// Supported sizes: m and n multiples of 64 (>= 64), G >= 1, G * m * n below
+// 2^31 elements; pointers 16-byte aligned. Anything else throws mok::Error
+// before any launch.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace mok {
+
+struct WeightGradArgs {
+  const void* a = nullptr;                // bf16 [m_total, m]
+  const void* b = nullptr;                // bf16 [m_total, n]
+  float* out = nullptr;                   // fp32 [G, m, n]
+  const int32_t* group_offset = nullptr;  // device int32 [G + 1]
+  const int32_t* group_rows = nullptr;    // device int32 [G]
+  int num_groups = 0;
+  int64_t m_total = 0;
+  int64_t m = 0;
+  int64_t n = 0;
+  bool accumulate = false;  // out[g] += the sum (gradient accumulation over micro-batches)
+  int max_ctas = 0;         // persistent CTAs; 0 = one per SM (results never depend on it)
+};
+
+// Throws mok::Error naming the first bad field; touches no device memory.
+void validate_weight_grad(const WeightGradArgs& args);
+
+// Validates, then enqueues one persistent kernel on `stream`. Asynchronous.
+void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream = nullptr);
+
+}  // namespace mok

@@ -1,0 +1,78 @@
+// The standalone persistent weight-gradient kernel: setup, then one branch
+// per warpgroup role (warpgroup 0 the TMA producer, 1.. the consumers), all
+// walking the same task list (sched/weight_grad_tiles.cuh).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "device/gemm/tile_config.cuh"
+#include "device/gemm/weight_grad_tile.cuh"
+#include "device/pipeline/stage_ring.cuh"
+#include "device/ptx/async_copy.cuh"
+#include "device/ptx/wgmma.cuh"
+#include "device/sched/weight_grad_tiles.cuh"
+
+namespace mok::device {
+
+struct WeightGradParams {
+  float* out;                   // fp32 [num_groups, m, n]
+  const int32_t* group_offset;  // [num_groups + 1]
+  const int32_t* group_rows;    // [num_groups]
+  int num_groups;
+  int m;
+  int n;
+  int accumulate;  // nonzero: out += the sum
+};
+
+// Named barriers of this kernel (0 is __syncthreads).
+inline constexpr int kBarrierWeightGradClear = 1;  // the consumers, after clearing rows past a group
+
+template <class Cfg>
+constexpr int weight_grad_smem_bytes() {
+  return static_cast<int>(sizeof(GemmSharedStorage<Cfg>)) + 1024;
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    weight_grad_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                       const WeightGradParams params) {
+  extern __shared__ uint8_t smem_raw[];
+  auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  if (threadIdx.x == 0) {
+    StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
+    tma_prefetch_descriptor(&a_map);
+    tma_prefetch_descriptor(&b_map);
+  }
+  __syncthreads();
+
+  const int m_tiles = (params.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int n_tiles = (params.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker{params.group_offset, params.group_rows, m_tiles, n_tiles,
+                                                          params.num_groups * m_tiles * n_tiles,
+                                                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
+  StageRing<Cfg::kStages> ring{smem.full, smem.empty};
+  const int warpgroup = threadIdx.x / 128;
+  WeightGradTile tile;
+
+  if (warpgroup == 0) {
+    wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const GemmTensorMaps maps{&a_map, &b_map};
+      while (walker.next(tile)) load_weight_grad_tile<Cfg>(maps, smem, ring, tile);
+    }
+  } else {
+    wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    float acc[Cfg::kAccRegs];
+    while (walker.next(tile)) {
+      mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear);
+      float* out = params.out + static_cast<int64_t>(tile.group) * params.m * params.n;
+      store_weight_grad_tile<Cfg>(acc, consumer, tile, out, params.m, params.n, params.accumulate != 0);
+    }
+  }
+}
+
+}  // namespace mok::device
