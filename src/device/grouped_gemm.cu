@@ -15,6 +15,7 @@
 #include "device/gemm/tile_config.cuh"
 #include "device/host/gemm_host.hpp"
 #include "device/kernel/grouped_gemm_kernel.cuh"
+#include "device/kernel/row_parts_kernel.cuh"
 #include "mok/error.hpp"
 
 namespace mok {
@@ -30,6 +31,10 @@ using device::GemmTileConfig;
 using PlainConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain>;
 using SwigluConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
 using PlainKNConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
+// The SwiGLU backward reads W2 k-by-n ([H, I] as nn.Linear stores it) and
+// emits 256 columns of acc per tile (the parts of d w are per 256 columns).
+using SwigluBackwardConfig =
+    GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLUBackward, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
 template <class Cfg>
 GroupedGemmConfig describe_config() {
@@ -102,6 +107,16 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   params.n_cols = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
   params.band = args.raster_band > 0 ? args.raster_band : default_raster_band();
+  params.swiglu_backward = {};
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+    params.swiglu_backward.preact = static_cast<const uint16_t*>(args.preact);
+    params.swiglu_backward.row_scale = args.row_scale;
+    params.swiglu_backward.d13 = static_cast<uint16_t*>(args.out);
+    params.swiglu_backward.scaled_act = static_cast<uint16_t*>(args.scaled_act);
+    params.swiglu_backward.parts = args.row_scale_grad != nullptr ? args.scratch : nullptr;
+    params.swiglu_backward.n = static_cast<int>(args.n);
+    params.swiglu_backward.parts_cols = static_cast<int>(swiglu_backward_parts(args.n));
+  }
 
   // Upper bound on tasks without reading the device-resident counts: each
   // group has at most ceil(rows / BM) row tiles, and sum(rows) <= m_total.
@@ -117,9 +132,21 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, params);
   MOK_CUDA_CHECK(cudaGetLastError());
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+    if (args.row_scale_grad != nullptr) {
+      device::sum_row_parts_kernel<<<args.num_groups, 256, 0, stream>>>(
+          args.scratch, params.swiglu_backward.parts_cols, args.group_offset, args.group_rows, args.row_scale_grad);
+      MOK_CUDA_CHECK(cudaGetLastError());
+    }
+  }
 }
 
 }  // namespace
+
+int64_t swiglu_backward_parts(int64_t n) {
+  constexpr int64_t kCols = SwigluBackwardConfig::kOutCols;
+  return (n + kCols - 1) / kCols;
+}
 
 std::string GroupedGemmConfig::describe() const {
   std::ostringstream s;
@@ -130,19 +157,33 @@ std::string GroupedGemmConfig::describe() const {
 }
 
 GroupedGemmConfig grouped_gemm_config(GemmEpilogue epilogue) {
+  if (epilogue == GemmEpilogue::kSwiGLUBackward) return describe_config<SwigluBackwardConfig>();
   return epilogue == GemmEpilogue::kSwiGLU ? describe_config<SwigluConfig>()
                                            : describe_config<PlainConfig>();
 }
 
 void validate_grouped_gemm(const GroupedGemmArgs& args) {
-  if (args.epilogue != GemmEpilogue::kPlain && args.epilogue != GemmEpilogue::kSwiGLU) {
+  if (args.epilogue != GemmEpilogue::kPlain && args.epilogue != GemmEpilogue::kSwiGLU &&
+      args.epilogue != GemmEpilogue::kSwiGLUBackward) {
     throw Error("epilogue = " + std::to_string(static_cast<int>(args.epilogue)) + ": not a GemmEpilogue");
   }
   if (args.b_layout != WeightLayout::kNK && args.b_layout != WeightLayout::kKN) {
     throw Error("b_layout = " + std::to_string(static_cast<int>(args.b_layout)) + ": not a WeightLayout");
   }
-  if (args.b_layout == WeightLayout::kKN && args.epilogue != GemmEpilogue::kPlain) {
-    throw Error("b_layout = kKN: supported with the plain epilogue only (a SwiGLU b holds gate and up rows)");
+  if (args.b_layout == WeightLayout::kKN && args.epilogue == GemmEpilogue::kSwiGLU) {
+    throw Error("b_layout = kKN: not with the SwiGLU epilogue (a SwiGLU b holds gate and up rows)");
+  }
+  if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
+    if (args.b_layout != WeightLayout::kKN) {
+      throw Error("epilogue kSwiGLUBackward reads W2 as stored ([G, k = H, n = I]): b_layout must be kKN");
+    }
+    require_pointer(args.preact, "preact", 16);
+    if (args.row_scale != nullptr) require_pointer(args.row_scale, "row_scale", 4);
+    if (args.scaled_act != nullptr) require_pointer(args.scaled_act, "scaled_act", 16);
+    if (args.row_scale_grad != nullptr) {
+      require_pointer(args.row_scale_grad, "row_scale_grad", 4);
+      require_pointer(args.scratch, "scratch (needed with row_scale_grad)", 16);
+    }
   }
   require(args.num_groups > 0, "num_groups", args.num_groups, "must be >= 1");
   require(args.k >= 64 && args.k % 64 == 0 && args.k <= kInt32Max, "k", args.k,
@@ -166,7 +207,9 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
 void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   validate_grouped_gemm(args);
   if (args.m_total == 0) return;  // no rows: nothing to write
-  if (args.epilogue == GemmEpilogue::kSwiGLU) {
+  if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
+    launch<SwigluBackwardConfig>(args, stream);
+  } else if (args.epilogue == GemmEpilogue::kSwiGLU) {
     launch<SwigluConfig>(args, stream);
   } else if (args.b_layout == WeightLayout::kKN) {
     launch<PlainKNConfig>(args, stream);

@@ -10,6 +10,7 @@
 
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
+#include "device/gemm/tile_epilogue_swiglu_backward.cuh"
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -27,6 +28,7 @@ struct GroupedGemmParams {
   int n_cols;  // output columns N
   int k;       // reduction length K
   int band;    // row tiles per raster band (sched/grouped_tiles.cuh)
+  SwigluBackwardOutputs swiglu_backward;  // kSwiGLUBackward's extra inputs and outputs (out is unused)
 };
 
 // Groups whose counts the kernel copies to shared memory (more: read from
@@ -100,7 +102,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     GemmTile tile;
     while (walker.next(tile)) {
       mma_tile<Cfg>(smem, ring, consumer, k_blocks, acc);
-      store_tile<Cfg>(acc, smem, consumer, tile, params.out, params.n_cols);
+      if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+        store_swiglu_backward_tile<Cfg>(acc, consumer, tile, params.swiglu_backward);
+      } else {
+        store_tile<Cfg>(acc, smem, consumer, tile, params.out, params.n_cols);
+      }
     }
   }
 }
