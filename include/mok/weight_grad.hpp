@@ -8,6 +8,8 @@
 //   a    bf16 [m_total, m]   row-major; group g owns rows
 //   b    bf16 [m_total, n]   [group_offset[g], group_offset[g] + group_rows[g])
 //   out  fp32 [G, m, n]      out[g] = sum_r a[r]^T b[r]   (accumulate: out[g] += ...)
+//        or bf16 [G, m, n] with out_bf16: the fp32 sum rounded once (what an
+//        autograd backward returns for bf16 weights; no accumulate)
 // group_offset (int32 [G + 1]) and group_rows (int32 [G]) live in DEVICE
 // memory, as for grouped_gemm (same rules; rows outside every group are never
 // read into a sum). A group with no rows gets zeros (accumulate: is left as is).
@@ -32,7 +34,8 @@ namespace mok {
 struct WeightGradArgs {
   const void* a = nullptr;                // bf16 [m_total, m]
   const void* b = nullptr;                // bf16 [m_total, n]
-  float* out = nullptr;                   // fp32 [G, m, n]
+  float* out = nullptr;                   // fp32 [G, m, n] (null when out_bf16 is given)
+  void* out_bf16 = nullptr;               // bf16 [G, m, n] instead of out (not with accumulate)
   const int32_t* group_offset = nullptr;  // device int32 [G + 1]
   const int32_t* group_rows = nullptr;    // device int32 [G]
   int num_groups = 0;

@@ -43,7 +43,14 @@ void validate_weight_grad(const WeightGradArgs& args) {
     device::require_pointer(args.a, "a", 16);
     device::require_pointer(args.b, "b", 16);
   }
-  device::require_pointer(args.out, "out", 16);
+  if ((args.out == nullptr) == (args.out_bf16 == nullptr)) {
+    throw Error("exactly one of out (fp32) and out_bf16 must be given");
+  }
+  if (args.out != nullptr) device::require_pointer(args.out, "out", 16);
+  if (args.out_bf16 != nullptr) {
+    device::require_pointer(args.out_bf16, "out_bf16", 16);
+    if (args.accumulate) throw Error("accumulate needs the fp32 out (a bf16 sum would be rounded twice)");
+  }
   device::require_pointer(args.group_offset, "group_offset", 4);
   device::require_pointer(args.group_rows, "group_rows", 4);
 }
@@ -59,13 +66,15 @@ void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream) {
   const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(args.n) * 2};
   // With no rows every group is empty and nothing is read: the maps only
   // need a valid address, so they borrow out's.
-  const void* a = args.m_total > 0 ? args.a : args.out;
-  const void* b = args.m_total > 0 ? args.b : args.out;
+  const void* some_out = args.out != nullptr ? static_cast<const void*>(args.out) : args.out_bf16;
+  const void* a = args.m_total > 0 ? args.a : some_out;
+  const void* b = args.m_total > 0 ? args.b : some_out;
   const CUtensorMap a_map = device::encode_bf16_map("a (rows x m)", a, 2, a_dims, a_strides, box);
   const CUtensorMap b_map = device::encode_bf16_map("b (rows x n)", b, 2, b_dims, b_strides, box);
 
   device::WeightGradParams params;
   params.out = args.out;
+  params.out_bf16 = static_cast<uint16_t*>(args.out_bf16);
   params.group_offset = args.group_offset;
   params.group_rows = args.group_rows;
   params.num_groups = args.num_groups;

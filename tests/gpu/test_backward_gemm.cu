@@ -65,21 +65,40 @@ WeightGradProblem make_weight_grad(const Layout& layout, int64_t m, int64_t n, u
 }
 
 // out is uploaded first (poison, or the values to accumulate into).
-std::vector<float> run_weight_grad(const WeightGradProblem& p, const std::vector<float>& out_before,
-                                   bool accumulate, int max_ctas = 0) {
-  DeviceBuffer<uint16_t> a(p.a), b(p.b);
-  DeviceBuffer<float> out(out_before);
-  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
+mok::WeightGradArgs weight_grad_args(const WeightGradProblem& p, const DeviceBuffer<uint16_t>& a,
+                                     const DeviceBuffer<uint16_t>& b, const DeviceBuffer<int32_t>& offset,
+                                     const DeviceBuffer<int32_t>& rows) {
   mok::WeightGradArgs args;
   args.a = a.get();
   args.b = b.get();
-  args.out = out.get();
   args.group_offset = offset.get();
   args.group_rows = rows.get();
   args.num_groups = p.layout.groups();
   args.m_total = p.layout.m_total;
   args.m = p.m;
   args.n = p.n;
+  return args;
+}
+
+// The bf16 output, poisoned first.
+std::vector<uint16_t> run_weight_grad_bf16(const WeightGradProblem& p) {
+  DeviceBuffer<uint16_t> a(p.a), b(p.b), out(p.layout.groups() * p.m * p.n);
+  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
+  MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, p.layout.groups() * p.m * p.n * 2));
+  mok::WeightGradArgs args = weight_grad_args(p, a, b, offset, rows);
+  args.out_bf16 = out.get();
+  mok::grouped_weight_grad(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  return out.download();
+}
+
+std::vector<float> run_weight_grad(const WeightGradProblem& p, const std::vector<float>& out_before,
+                                   bool accumulate, int max_ctas = 0) {
+  DeviceBuffer<uint16_t> a(p.a), b(p.b);
+  DeviceBuffer<float> out(out_before);
+  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
+  mok::WeightGradArgs args = weight_grad_args(p, a, b, offset, rows);
+  args.out = out.get();
   args.accumulate = accumulate;
   args.max_ctas = max_ctas;
   mok::grouped_weight_grad(args);
@@ -158,6 +177,16 @@ TEST(WeightGrad, AccumulatesIntoTheCallersBufferWithOneAddition) {
   }
 }
 
+TEST(WeightGrad, Bf16OutputIsTheFp32SumRoundedOnce) {
+  MOK_REQUIRE_HOPPER();
+  const WeightGradProblem p = make_weight_grad(awkward_groups(), 192, 320, 8);
+  const std::vector<float> fp32 = run_weight_grad(p, poisoned(p.layout.groups() * p.m * p.n), false);
+  const std::vector<uint16_t> bf16 = run_weight_grad_bf16(p);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    ASSERT_EQ(bf16[i], mok::float_to_bf16_bits(fp32[i])) << "element " << i << " (fp32 " << fp32[i] << ")";
+  }
+}
+
 TEST(WeightGrad, BitwiseRepeatableAndIndependentOfGridAndPlacement) {
   MOK_REQUIRE_HOPPER();
   const WeightGradProblem p = make_weight_grad(awkward_groups(), 256, 512, 4);
@@ -212,7 +241,10 @@ TEST(WeightGrad, RejectsBadArguments) {
   { auto x = good; x.m = 96; rejected(x, "m not a multiple of 64"); }
   { auto x = good; x.n = 0; rejected(x, "n = 0"); }
   { auto x = good; x.num_groups = 0; rejected(x, "no groups"); }
-  { auto x = good; x.out = nullptr; rejected(x, "null out"); }
+  { auto x = good; x.out = nullptr; rejected(x, "no out"); }
+  { auto x = good; x.out_bf16 = fake_pointer<uint16_t>(); rejected(x, "both outs"); }
+  { auto x = good; x.out = nullptr; x.out_bf16 = fake_pointer<uint16_t>(); EXPECT_NO_THROW(mok::validate_weight_grad(x)); }
+  { auto x = good; x.out = nullptr; x.out_bf16 = fake_pointer<uint16_t>(); x.accumulate = true; rejected(x, "bf16 accumulate"); }
   { auto x = good; x.a = static_cast<const char*>(good.a) + 2; rejected(x, "misaligned a"); }
   { auto x = good; x.m_total = -1; rejected(x, "negative m_total"); }
 }

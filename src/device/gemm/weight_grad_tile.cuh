@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "device/gemm/tile_config.cuh"
+#include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -126,20 +127,21 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
 }
 
 // Consumer warpgroup `consumer` writes its 64 rows of the tile to out
-// ([m][n] fp32, row-major: one group's gradient), or adds them to what is
-// there (accumulate: out = out + acc, one rounding). Rows past m and columns
-// past n are not written (m and n are multiples of 64). An empty group's tile
+// ([m][n] row-major: one group's gradient) as fp32, or adds them to what is
+// there (accumulate: out = out + acc, one rounding), or -- Out = uint16_t --
+// stores them rounded once to bf16. Rows past m and columns past n are not
+// written (m and n are multiples of 64). An empty group's tile is zeros, or
 // is left as is when accumulating.
-template <class Cfg>
+template <class Cfg, class Out>
 __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::kAccRegs], int consumer,
-                                                       const WeightGradTile& tile, float* out, int m, int n,
+                                                       const WeightGradTile& tile, Out* out, int m, int n,
                                                        bool accumulate) {
   if (tile.m0 + consumer * 64 >= m) return;  // this warpgroup's rows are all past m
   if (accumulate && tile.rows == 0) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
   const int row = tile.m0 + consumer * 64 + warp * 16 + lane / 4;
-  float* const top = out + static_cast<int64_t>(row) * n + tile.n0 + 2 * (lane % 4);  // rows row, row + 8
+  Out* const top = out + static_cast<int64_t>(row) * n + tile.n0 + 2 * (lane % 4);  // rows row, row + 8
   const int64_t down = static_cast<int64_t>(8) * n;
   const int chunks = min(Cfg::kBlockN, n - tile.n0) / 8;  // 8-column chunks inside n
 #pragma unroll
@@ -147,16 +149,20 @@ __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::k
     if (j < chunks) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float2* dst = reinterpret_cast<float2*>(top + h * down + 8 * j);
         // An empty group's acc was never written: its tile is zeros. (A
         // select, not a zeroed acc: zeroing it on that path alone made ptxas
         // spill the accumulators around the K loop.)
         float2 v = tile.rows > 0 ? make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) : make_float2(0.f, 0.f);
-        if (accumulate) {
-          const float2 old = *dst;
-          v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
+        if constexpr (sizeof(Out) == 2) {
+          *reinterpret_cast<uint32_t*>(top + h * down + 8 * j) = pack_bf16x2(v.x, v.y);
+        } else {
+          float2* dst = reinterpret_cast<float2*>(top + h * down + 8 * j);
+          if (accumulate) {
+            const float2 old = *dst;
+            v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
+          }
+          *dst = v;
         }
-        *dst = v;
       }
     }
   }

@@ -17,7 +17,8 @@
 namespace mok::device {
 
 struct WeightGradParams {
-  float* out;                   // fp32 [num_groups, m, n]
+  float* out;                   // fp32 [num_groups, m, n], or null and
+  uint16_t* out_bf16;           // bf16 [num_groups, m, n]
   const int32_t* group_offset;  // [num_groups + 1]
   const int32_t* group_rows;    // [num_groups]
   int num_groups;
@@ -69,8 +70,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[Cfg::kAccRegs];
     while (walker.next(tile)) {
       mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear);
-      float* out = params.out + static_cast<int64_t>(tile.group) * params.m * params.n;
-      store_weight_grad_tile<Cfg>(acc, consumer, tile, out, params.m, params.n, params.accumulate != 0);
+      const int64_t first = static_cast<int64_t>(tile.group) * params.m * params.n;
+      if (params.out_bf16 != nullptr) {
+        store_weight_grad_tile<Cfg>(acc, consumer, tile, params.out_bf16 + first, params.m, params.n, false);
+      } else {
+        store_weight_grad_tile<Cfg>(acc, consumer, tile, params.out + first, params.m, params.n,
+                                    params.accumulate != 0);
+      }
     }
   }
 }
