@@ -71,6 +71,20 @@ inline void check_shape(const at::Tensor& t, const std::string& name, const std:
   expect(same, name + " must be " + (what.empty() ? "" : what + " = ") + want + "] (got " + shape_of(t) + ")");
 }
 
+// A grouped op's row tables for G groups: group_offset int32 [G + 1] and
+// group_rows int32 [G] on `device` (their values stay on the device: no op
+// reads them on the host).
+inline void check_group_tables(const at::Tensor& group_offset, const at::Tensor& group_rows, int64_t groups,
+                               const at::Device& device, const std::string& device_is) {
+  const TensorSpec table{at::kInt, 1};
+  check_tensor(group_offset, "group_offset", table, device, device_is);
+  check_tensor(group_rows, "group_rows", table, device, device_is);
+  expect(group_rows.size(0) == groups,
+         "group_rows must have G = " + num(groups) + " entries (got " + num(group_rows.size(0)) + ")");
+  expect(group_offset.size(0) == groups + 1,
+         "group_offset must have G + 1 = " + num(groups + 1) + " entries (got " + num(group_offset.size(0)) + ")");
+}
+
 // The ops run on CUDA tensors; a CPU kernel is registered only to say so.
 inline void expect_cuda(const at::Device& device, const std::string& name) {
   expect(device.is_cuda() || device.is_meta(), name + " is on " + device.str() + "; mok runs on CUDA tensors");
