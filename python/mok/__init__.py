@@ -16,10 +16,24 @@ is looked for), which registers:
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
 
+The backward's building blocks (the staged backward, mok/staged_backward.py,
+chains them; rows outside every group come back as zeros):
+
+  torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows) -> out
+      b [G, K, N] (the weights transposed): out[rows of g] = a[rows] @ b[g].
+  torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale,
+                                   group_offset, group_rows)
+      -> (d13, scaled_act, row_scale_grad)
+      The data gradient through the down projection and SwiGLU.
+  torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups) -> out
+  torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
+      out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32.
+
 Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
-traces it; none has a backward yet (calling backward raises, see
-mok/autograd.py). K and N must be multiples of 64.
+traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
+(staged: separate kernels, not yet the fused backward); grouped_mm_swiglu's
+backward raises. K and N must be multiples of 64.
 """
 
 from __future__ import annotations
@@ -48,6 +62,49 @@ def grouped_mm_swiglu(a: torch.Tensor, w13: torch.Tensor, group_offset: torch.Te
     return torch.ops.mok.grouped_mm_swiglu(a, w13, group_offset, group_rows)
 
 
+def grouped_mm_kn(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
+                  group_rows: torch.Tensor) -> torch.Tensor:
+    """out[rows of group g] = a[rows] @ b[g] with b [G, K, N] (K-by-N weights,
+    e.g. an nn.Linear weight [N_out, N_in] read as [K = N_out, N = N_in]: the
+    data gradient dx = dy @ W). a [M, K] bf16; out [M, N] bf16, fp32
+    accumulation, one rounding; rows outside every group are zeros."""
+    return torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows)
+
+
+def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.Tensor,
+                       row_scale: torch.Tensor | None, group_offset: torch.Tensor, group_rows: torch.Tensor):
+    """The data gradient through an expert's down projection and SwiGLU, per row.
+
+    dout_rows [M, H] bf16 (dL/dy of each row), w2 [G, H, I] bf16 (the down
+    projection as nn.Linear stores it), preact [M, 2I] bf16 (the forward's
+    [gate | up] of each row), row_scale [M] fp32 (each row's routing weight) or
+    None (1). With acc = dout_rows[r] @ w2[g] (fp32), w = row_scale[r],
+    s = sigmoid(gate), h = gate * s * up, dh = w * acc, returns
+      d13            [M, 2I] bf16  [dh * up * s * (1 + gate (1 - s)) | dh * gate * s]
+      scaled_act     [M, I]  bf16  w * h  (what dW2 = dout^T (w h) needs)
+      row_scale_grad [M]     fp32  <acc, h> = dL/dw of the row
+    Rows outside every group are zeros."""
+    return torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows)
+
+
+def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor, group_rows: torch.Tensor,
+                   num_groups: int) -> torch.Tensor:
+    """out[g] = sum over group g's rows r of a[r]^T b[r] (a [M, m], b [M, n]
+    bf16): fp32 [G, m, n], each element one fp32 sum over the group's rows in
+    order (same bits wherever the group sits); a group without rows gets zeros.
+    E.g. dW2[e] = weight_grad_mm(dy_rows, h_rows, ...)."""
+    return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups)
+
+
+def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
+                        group_rows: torch.Tensor) -> torch.Tensor:
+    """out[g] += sum over group g's rows of a[r]^T b[r], in place (out fp32
+    [G, m, n]): fp32 gradient accumulation over micro-batches, the new sum
+    added once to the old value. Returns out."""
+    torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
+    return out
+
+
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                   num_experts: int, check_errors: bool = False, **tuning):
     """The fused MoE layer forward (one persistent kernel).
@@ -60,6 +117,11 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     [out[r] [T_r, H] bf16]. Results are bitwise identical for any R,
     minibatch, ring size or SM split. check_errors=True synchronises and
     raises on a stalled pass or a bad expert id (rank, token, slot named).
+
+    Backward: the staged backward (mok/staged_backward.py: the forward's
+    inputs are saved and gate/up recomputed; grouped kernels and deterministic
+    torch ops, bitwise repeatable) gives gradients for x, weights, w13, w2 and
+    the shared expert, in their dtypes.
 
     Keyword tuning options (mok.TUNING_OPTIONS, 0 or absent = the library's
     default): minibatch_rows, ring_slots, lookahead, ctas_per_rank,
@@ -83,7 +145,8 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_swiglu", "layout_from_counts"]
+__all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_kn", "grouped_mm_swiglu",
+           "layout_from_counts", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)
 from .quant import QuantizedWeights, quantize_weights  # noqa: E402,F401  (block-scaled FP8 weights)

@@ -1,20 +1,31 @@
 """Autograd for the mok ops.
 
-The fused backward does not exist yet, so each op's backward raises a clear
-error instead of leaving gradients silently None. Each op has its own context
-setup and backward here; the real backward replaces `_backward_unavailable`
-for its op (and its setup saves, or marks for recomputation, what that
-backward needs) without touching the op or its callers.
+  fused_forward      the staged backward (mok/staged_backward.py) in recompute
+                     mode: the forward saves its inputs only.
+  grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
+  grouped_mm_swiglu, process_world_run
+                     no backward yet: backward raises a clear error instead of
+                     leaving gradients silently None.
+
+Weight gradients reach autograd in the weights' dtype (bf16): the kernels
+accumulate in fp32 and the staged backward rounds once. A trainer that wants
+fp32 gradient accumulation over micro-batches can call mok.weight_grad_mm_acc_
+(or mok.staged_backward.layer_backward, whose weight gradients are fp32)
+itself. Double backward (create_graph=True) is not supported and raises.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import staged_backward
+
 BACKWARD_UNAVAILABLE = (
     "mok: the fused backward is not implemented yet; {op} has no gradient. Call it on tensors that do not "
     "require grad (detach them, or run it under torch.no_grad()), or use a torch implementation of the layer "
     "for training until the fused backward lands.")
+
+NO_DOUBLE_BACKWARD = "mok: {op}'s backward has no backward of its own (create_graph=True is not supported)"
 
 
 def _backward_unavailable(op_name: str):
@@ -24,11 +35,95 @@ def _backward_unavailable(op_name: str):
 
 
 def _save_nothing(ctx, inputs, output):
-    """Nothing to save until a backward exists."""
+    """Nothing to save: the backward raises."""
+
+
+def _refuse_double_backward(op_name: str) -> None:
+    # Autograd runs a backward with grad mode off unless create_graph=True;
+    # the kernels record no graph, so a second-order gradient would be None.
+    if torch.is_grad_enabled():
+        raise NotImplementedError(NO_DOUBLE_BACKWARD.format(op=op_name))
+
+
+def _fit(ctx, grads: tuple) -> tuple:
+    """`grads` (one per op argument) cut to what torch expects back. torch 2.11
+    drops the last argument (check_errors, or num_groups) twice from
+    needs_input_grad for ops taking tensor lists and adds the None back itself;
+    so return exactly as many entries as needs_input_grad has."""
+    return grads[:len(ctx.needs_input_grad)]
+
+
+# ---- fused_forward ----------------------------------------------------------
+# Arguments: x, expert_ids, weights, w13, w2 (lists, one entry per rank),
+# shared_w13, shared_w2, num_experts, tuning, check_errors.
+
+def _setup_fused_forward(ctx, inputs, output):
+    x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning, _ = inputs
+    ctx.world = len(x)
+    ctx.tuning_is_empty_list = len(tuning) == 0  # its "gradient" must mirror that (see _fit)
+    ctx.save_for_backward(*x, *expert_ids, *weights, *w13, *w2, shared_w13, shared_w2)
+
+
+def _cat(tensors):
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def _split(t, sizes, like, wanted):
+    """t split along dim 0 into `sizes`, each in its `like` tensor's dtype, None where not wanted."""
+    if t is None:
+        return [None] * len(sizes)
+    return [p.to(ref.dtype) if want else None for p, ref, want in zip(t.split(sizes), like, wanted)]
+
+
+def _fused_forward_backward(ctx, douts):
+    _refuse_double_backward("mok.fused_forward")
+    R = ctx.world
+    saved = ctx.saved_tensors
+    x, expert_ids, weights, w13, w2 = (list(saved[i * R:(i + 1) * R]) for i in range(5))
+    shared_w13, shared_w2 = saved[5 * R], saved[5 * R + 1]
+    need = ctx.needs_input_grad
+    needs = staged_backward.Needs(x=any(need[0]), weights=any(need[2]), w13=any(need[3]), w2=any(need[4]),
+                                  shared_w13=bool(need[5]), shared_w2=bool(need[6]))
+    # An output the loss does not use may come back as None.
+    douts = [torch.zeros_like(t) if d is None else d for d, t in zip(douts, x)]
+    # The virtual world's ranks concatenated: global token order, global experts.
+    grads = staged_backward.layer_backward(
+        _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
+        needs=needs)
+    tokens = [t.shape[0] for t in x]
+    experts = [t.shape[0] for t in w13]
+    result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),
+              _split(grads.dw13, experts, w13, need[3]), _split(grads.dw2, experts, w2, need[4]),
+              None if grads.dshared_w13 is None else grads.dshared_w13.to(shared_w13.dtype),
+              None if grads.dshared_w2 is None else grads.dshared_w2.to(shared_w2.dtype),
+              None, [] if ctx.tuning_is_empty_list else None, None)
+    return _fit(ctx, result)
+
+
+# ---- grouped_mm -------------------------------------------------------------
+
+def _setup_grouped_mm(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)  # a, b, group_offset, group_rows
+
+
+def _grouped_mm_backward(ctx, dout):
+    """out[rows of g] = a[rows] b[g]^T: da = dout b[g] (zero on padding rows,
+    whose output no row of a reaches), db[g] = dout[rows]^T a[rows]."""
+    _refuse_double_backward("mok.grouped_mm")
+    a, b, group_offset, group_rows = ctx.saved_tensors
+    ops = staged_backward.ops_for(a.device)
+    dout = dout.to(a.dtype).contiguous()
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    da = ops.grouped_mm_kn(dout, b, group_offset, group_rows) if need_a else None
+    db = ops.weight_grad_mm(dout, a, group_offset, group_rows, b.shape[0]).to(b.dtype) if need_b else None
+    return _fit(ctx, (da, db, None, None))
 
 
 def register() -> None:
     """Registers the autograd formulas (once, at import of mok)."""
-    for name in ("fused_forward", "grouped_mm", "grouped_mm_swiglu", "process_world_run"):
+    torch.library.register_autograd("mok::fused_forward", _fused_forward_backward,
+                                    setup_context=_setup_fused_forward)
+    torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_context=_setup_grouped_mm)
+    for name in ("grouped_mm_swiglu", "process_world_run"):
         torch.library.register_autograd("mok::" + name, _backward_unavailable("mok." + name),
                                         setup_context=_save_nothing)

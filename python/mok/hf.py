@@ -23,9 +23,10 @@ naming the reason before any work (never a wrong answer):
   - tensors that are not bf16 on a CUDA device, and sizes that are not
     multiples of 64.
 
-Backward: mok's fused backward does not exist yet, so a backward through this
-backend raises NotImplementedError (mok/autograd.py); train with "grouped_mm"
-until it lands. Expert ids out of range are checked by the kernel; pass
+Backward: through mok's staged backward (mok/staged_backward.py: separate
+grouped kernels, not yet the fused backward), which gives gradients for
+hidden_states, top_k_weights (and so the router), gate_up_proj and down_proj.
+Expert ids out of range are checked by the kernel; pass
 register(check_errors=True) to have every layer synchronise and raise on one
 (by default a bad id aborts the pass and is reported by the next checked call).
 """

@@ -10,9 +10,9 @@
               forward is mok.fused_forward (one persistent kernel).
 
 The router runs in fp32 in torch; the experts in mok's kernel (bf16 operands,
-fp32 accumulation). Backward: mok's fused backward does not exist yet, so a
-backward through MoE raises NotImplementedError (mok/autograd.py) rather than
-leave the experts' and router's gradients silently None.
+fp32 accumulation). Backward: mok's staged backward (mok/staged_backward.py:
+separate grouped kernels, not yet the fused backward) gives the input, every
+expert weight and, through the routing weights, the router their gradients.
 """
 
 from __future__ import annotations

@@ -5,10 +5,17 @@ of a layer into the per-rank lists that mok.fused_forward takes; and the
 layer computed in fp32 torch with the kernel's bf16 rounding points, to check
 it against.
 
+Also: fp32 torch references of the backward's ops (reference_ops(), for the
+staged backward on the CPU), autograd of reference_forward
+(reference_layer_grads), and cpu_reference_forward(), which lets
+mok.fused_forward's autograd run on CPU tensors.
+
 Used by python/tests, bench/bench_fused_forward.py and tools/torchrun_forward.py.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -77,3 +84,121 @@ def reference_forward(x, ids, w, w13, w2, shared_w13=None, shared_w2=None):
         s = F.silu(xf @ shared_w13.float()[:S].t()) * (xf @ shared_w13.float()[S:].t())
         out += (s.bfloat16().float() @ shared_w2.float().t()).bfloat16().float()
     return out
+
+
+# ---- reference ops of the backward's building blocks ----------------------
+# Plain fp32 torch, any device, with the signatures of torch.ops.mok's ops and
+# the kernels' rounding points: fp32 products and sums, one bf16 rounding per
+# bf16 output. Rows outside every group are zeros. The group tables are read on
+# the host (the kernels never read them there). reference_ops() bundles them
+# for mok.staged_backward, which runs its math on them on the CPU.
+
+def _group_spans(group_offset, group_rows):
+    """[(first, end)] of each group's real rows."""
+    offsets, rows = group_offset.tolist(), group_rows.tolist()
+    return [(offsets[g], offsets[g] + rows[g]) for g in range(len(rows))]
+
+
+def reference_grouped_mm(a, b, group_offset, group_rows):
+    """mok.grouped_mm: out[rows of g] = a[rows] @ b[g]^T, b [G, N, K]; bf16 [M, N]."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16, device=a.device)
+    for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
+        out[first:end] = (a[first:end].float() @ b[g].float().t()).bfloat16()
+    return out
+
+
+def reference_grouped_mm_kn(a, b, group_offset, group_rows):
+    """mok.grouped_mm_kn: out[rows of g] = a[rows] @ b[g], b [G, K, N]; bf16 [M, N]."""
+    out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.bfloat16, device=a.device)
+    for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
+        out[first:end] = (a[first:end].float() @ b[g].float()).bfloat16()
+    return out
+
+
+def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, *,
+                                 swap_gate_up=False):
+    """mok.swiglu_backward_mm: (d13 [M, 2I] bf16, scaled_act [M, I] bf16,
+    row_scale_grad [M] fp32) from acc = dout_rows @ w2[g] (w2 [G, H, I]) and the
+    saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward).
+    swap_gate_up reads up as gate and gate as up: a mutant for tests."""
+    M, I = dout_rows.shape[0], w2.shape[2]
+    d13 = torch.zeros(M, 2 * I, dtype=torch.bfloat16, device=dout_rows.device)
+    scaled_act = torch.zeros(M, I, dtype=torch.bfloat16, device=dout_rows.device)
+    row_scale_grad = torch.zeros(M, dtype=torch.float32, device=dout_rows.device)
+    for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
+        acc = dout_rows[first:end].float() @ w2[g].float()
+        gate, up = preact[first:end, :I].float(), preact[first:end, I:].float()
+        if swap_gate_up:
+            gate, up = up, gate
+        w = 1.0 if row_scale is None else row_scale[first:end].float().unsqueeze(1)
+        s = 1.0 / (1.0 + torch.exp(-gate))
+        h = gate * s * up
+        dh = w * acc
+        d13[first:end] = torch.cat([dh * up * s * (1 + gate * (1 - s)), dh * gate * s], dim=1).bfloat16()
+        scaled_act[first:end] = (w * h).bfloat16()
+        row_scale_grad[first:end] = (acc * h).sum(dim=1)
+    return d13, scaled_act, row_scale_grad
+
+
+def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups):
+    """mok.weight_grad_mm: out[g] = sum over group g's rows of a[r]^T b[r]; fp32 [G, m, n]."""
+    out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float32, device=a.device)
+    reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
+    return out
+
+
+def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):
+    """mok.weight_grad_mm_acc_: out[g] += sum over group g's rows of a[r]^T b[r], in place."""
+    for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
+        out[g] += a[first:end].float().t() @ b[first:end].float()
+
+
+def reference_ops(**swiglu_options):
+    """The reference ops as a mok.staged_backward.BackwardOps (keyword options
+    go to reference_swiglu_backward_mm: swap_gate_up=True is a mutant)."""
+    import functools
+
+    from .staged_backward import BackwardOps
+
+    swiglu = reference_swiglu_backward_mm
+    if swiglu_options:
+        swiglu = functools.partial(reference_swiglu_backward_mm, **swiglu_options)
+    return BackwardOps(grouped_mm=reference_grouped_mm, grouped_mm_kn=reference_grouped_mm_kn,
+                       swiglu_backward_mm=swiglu, weight_grad_mm=reference_weight_grad_mm)
+
+
+def reference_layer_grads(x, ids, w, w13, w2, shared_w13, shared_w2, dout):
+    """torch autograd of reference_forward on fp32 copies of the inputs:
+    (dx, dweights, dw13, dw2, dshared_w13, dshared_w2), fp32, the last two None
+    without a shared expert. The forward's bf16 roundings pass gradients
+    through unchanged, so this is the exact gradient of the rounded layer."""
+    shared = shared_w13 is not None
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, w13, w2)]
+    leaves += [t.detach().float().requires_grad_() for t in (shared_w13, shared_w2)] if shared else [None, None]
+    with torch.enable_grad():
+        out = reference_forward(leaves[0], ids, *leaves[1:])
+        out.backward(dout.float())
+    return tuple(None if t is None else t.grad for t in leaves)
+
+
+@contextlib.contextmanager
+def cpu_reference_forward():
+    """Within it, mok::fused_forward's CPU kernel (which refuses) is replaced
+    by reference_forward (rounded to bf16, split per rank), so that the op's
+    autograd -- the staged backward on the reference ops -- runs on CPU
+    tensors. The refusing kernel is back on exit."""
+    import warnings
+
+    def forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors=False):
+        out = reference_forward(torch.cat(x), torch.cat(expert_ids), torch.cat(weights), torch.cat(w13),
+                                torch.cat(w2), shared_w13, shared_w2).bfloat16()
+        return [part.clone() for part in out.split([t.shape[0] for t in x])]
+
+    library = torch.library.Library("mok", "IMPL")
+    try:
+        with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
+            warnings.simplefilter("ignore")
+            library.impl("fused_forward", forward, "CPU")
+        yield
+    finally:
+        library._destroy()  # how torch.library._scoped_library unregisters

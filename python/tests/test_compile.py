@@ -1,13 +1,15 @@
 """Fake (meta) kernels and torch.compile, on the CPU: every op computes its
 output shapes from its input shapes alone, so torch.compile(fullgraph=True)
-traces a function that calls them with no graph break. Meta tensors stand in
-for CUDA ones (the Meta kernels run the same argument checks)."""
+traces a function that calls them with no graph break, and AOTAutograd traces
+the staged backward. Meta tensors stand in for CUDA ones (the Meta kernels run
+the same argument checks)."""
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
+from mok.staged_backward import has_kernel_ops
 
 H, I, E, K = 128, 64, 4, 2
 
@@ -79,6 +81,34 @@ def test_compile_with_aot_autograd_traces_the_grouped_gemm():
     rows = torch.empty(2, dtype=torch.int32, device="meta")
     out = torch.compile(gemm, fullgraph=True, backend="aot_eager")(a, b, off, rows)
     assert out.shape == (64, 96)
+
+
+@pytest.mark.skipif(not has_kernel_ops(), reason="libmok_torch.so predates the backward ops")
+def test_aot_autograd_traces_the_staged_backward_into_one_graph():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def backend(gm, example_inputs):
+        def keep(kind):
+            def compiler(graph, inputs):
+                graphs[kind] = graph
+                return make_boxed_func(graph.forward)
+            return compiler
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    xs, ids, ws, w13, w2, sw13, sw2 = _layer(32, world=2)
+    leaves = xs + ws + w13 + w2 + [sw13, sw2]
+    for t in leaves:
+        t.requires_grad_()
+    loss = torch.compile(lambda *a: _moe(*a).float().square().sum(), fullgraph=True, backend=backend)(
+        xs, ids, ws, w13, w2, sw13, sw2)
+    loss.backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in leaves)
+    targets = {str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"}
+    assert {"mok.grouped_mm.default", "mok.swiglu_backward_mm.default", "mok.grouped_mm_kn.default",
+            "mok.weight_grad_mm.default"} <= targets, targets
 
 
 def test_the_schemas_are_static():

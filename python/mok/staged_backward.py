@@ -1,0 +1,189 @@
+"""The staged backward of the MoE layer: the fused forward's gradients as a
+chain of grouped kernels and deterministic torch ops (the fused backward,
+docs/backward-design.md, will be one persistent kernel doing the same math).
+
+Recompute mode: the forward keeps its inputs only; the backward rebuilds the
+schedule and the gate/up pre-activations. For one layer over the whole world
+(all ranks' tokens concatenated in rank order = global token order, all
+experts in global order):
+
+  schedule   (token, slot) entries token-major, stable-sorted by expert id: each
+             expert's rows in global token order (the order its weight
+             gradients sum in, the same at any world size), no padding
+  preact     = grouped_mm(x_rows, W13)                  [gate | up], recomputed
+  d13, w*h, dw = swiglu_backward_mm(dout_rows, W2, preact, w_rows)
+  dx_j       = grouped_mm_kn(d13, W13)                  one bf16 row per (token, slot)
+  dx         = dx_shared + dx_0 + ... + dx_{k-1}        fp32, slots in order, one bf16 rounding
+  dW13[e]    = weight_grad_mm(d13, x_rows)              fp32
+  dW2[e]     = weight_grad_mm(dout_rows, w*h)           fp32
+  shared     the same with one group of every token and weight 1
+
+Determinism: the only data-dependent reorderings are a stable sort and
+index_select/view (gathers: no atomics, no index_add_/scatter_add_), and every
+sum has a fixed order, so the gradients are bitwise repeatable given
+deterministic kernels (mok's are).
+
+The kernels are injected (BackwardOps), so the same math runs on the CPU with
+mok.testing's fp32 torch references of the ops (reference_ops()): that is how
+the CPU tests check it against torch autograd.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+
+class BackwardOps(NamedTuple):
+    """The grouped kernels the staged backward calls, with torch.ops.mok's
+    signatures (mok/__init__.py documents them)."""
+    grouped_mm: Callable          # (a, b [G, N, K], group_offset, group_rows) -> bf16 [M, N]
+    grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
+    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
+    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups) -> fp32 [G, m, n]
+
+
+_KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm")
+
+
+def has_kernel_ops() -> bool:
+    """Whether the loaded libmok_torch.so registers every op the staged backward needs."""
+    return all(hasattr(torch.ops.mok, name) for name in _KERNEL_OP_NAMES)
+
+
+def kernel_ops() -> BackwardOps:
+    """mok's kernels (CUDA tensors; meta tensors reach their shape functions)."""
+    if not has_kernel_ops():
+        from . import LIBRARY_PATH
+        missing = [n for n in _KERNEL_OP_NAMES if not hasattr(torch.ops.mok, n)]
+        raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
+                           "staged backward); rebuild it (scripts/build.sh, or pip install --no-build-isolation .)")
+    m = torch.ops.mok
+    return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm)
+
+
+def ops_for(device: torch.device) -> BackwardOps:
+    """The kernels for CUDA and meta tensors; mok.testing's fp32 torch
+    references for CPU tensors (which mok's kernels refuse)."""
+    if device.type == "cpu":
+        from .testing import reference_ops
+        return reference_ops()
+    return kernel_ops()
+
+
+class Needs(NamedTuple):
+    """Which gradients to compute (torch's needs_input_grad)."""
+    x: bool = True
+    weights: bool = True
+    w13: bool = True
+    w2: bool = True
+    shared_w13: bool = True
+    shared_w2: bool = True
+
+
+class LayerGrads(NamedTuple):
+    """The layer's gradients; None where not needed (or no shared expert).
+    dx in x's dtype, dweights fp32 [T, k]; the weight gradients in fp32 (the
+    kernels' accumulators; callers round them to the weights' dtype)."""
+    dx: torch.Tensor | None
+    dweights: torch.Tensor | None
+    dw13: torch.Tensor | None
+    dw2: torch.Tensor | None
+    dshared_w13: torch.Tensor | None
+    dshared_w2: torch.Tensor | None
+
+
+class Schedule(NamedTuple):
+    """Rows of the grouped GEMMs: row i is (token, slot) entry entry_of_row[i]."""
+    entry_of_row: torch.Tensor  # int64 [T k]: entry (= token * k + slot) of each row
+    row_of_entry: torch.Tensor  # int64 [T k]: its inverse
+    token_of_row: torch.Tensor  # int64 [T k]
+    group_offset: torch.Tensor  # int32 [E + 1]: first row of each expert
+    group_rows: torch.Tensor    # int32 [E]: rows of each expert (no padding)
+
+
+def routed_schedule(expert_ids: torch.Tensor, num_experts: int) -> Schedule:
+    """Each expert's rows in global token order (then slot order), on the ids'
+    device, with no host synchronisation. Ids outside [0, E) belong to no
+    group (the forward's check_errors reports them)."""
+    k = expert_ids.shape[1]
+    flat = expert_ids.reshape(-1)
+    # Stable: equal ids keep their token-major order. A sort, not a histogram
+    # with atomics, so the result is the same every run.
+    sorted_ids, entry_of_row = torch.sort(flat, stable=True)
+    bounds = torch.arange(num_experts + 1, dtype=flat.dtype, device=flat.device)
+    offsets = torch.searchsorted(sorted_ids, bounds)
+    row_of_entry = torch.argsort(entry_of_row, stable=True)  # the inverse permutation
+    return Schedule(entry_of_row, row_of_entry, torch.div(entry_of_row, k, rounding_mode="floor"),
+                    offsets.to(torch.int32), (offsets[1:] - offsets[:-1]).to(torch.int32))
+
+
+def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps):
+    """(slot_rows int64 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
+    dw13, dw2): dx_rows[slot_rows[t, j]] is slot j's part of dx[t]."""
+    T, k = expert_ids.shape
+    E = w13.shape[0]
+    s = routed_schedule(expert_ids, E)
+    x_rows = x.index_select(0, s.token_of_row)
+    dout_rows = dout.index_select(0, s.token_of_row)
+    w_rows = weights.reshape(-1).index_select(0, s.entry_of_row).float().contiguous()
+    preact = ops.grouped_mm(x_rows, w13, s.group_offset, s.group_rows)
+    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, s.group_offset, s.group_rows)
+    slot_rows = dx_rows = dweights = dw13 = dw2 = None
+    if needs.x:
+        dx_rows = ops.grouped_mm_kn(d13, w13, s.group_offset, s.group_rows)
+        slot_rows = s.row_of_entry.view(T, k)
+    if needs.weights:
+        dweights = dscale.index_select(0, s.row_of_entry).view(T, k)
+    if needs.w13:
+        dw13 = ops.weight_grad_mm(d13, x_rows, s.group_offset, s.group_rows, E)
+    if needs.w2:
+        dw2 = ops.weight_grad_mm(dout_rows, hw, s.group_offset, s.group_rows, E)
+    return slot_rows, dx_rows, dweights, dw13, dw2
+
+
+def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps):
+    """(dx_shared bf16 [T, H] | None, dshared_w13, dshared_w2): one group of every token, weight 1."""
+    T = x.shape[0]
+    # Factory ops, not torch.tensor(list): under torch.compile these must be fake tensors too.
+    group_offset = torch.arange(2, dtype=torch.int32, device=x.device) * T  # [0, T]
+    group_rows = torch.full((1,), T, dtype=torch.int32, device=x.device)
+    w13, w2 = shared_w13.unsqueeze(0), shared_w2.unsqueeze(0)  # one group: [1, 2S, H], [1, H, S]
+    preact = ops.grouped_mm(x, w13, group_offset, group_rows)
+    d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
+    dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
+    dw13 = ops.weight_grad_mm(d13, x, group_offset, group_rows, 1)[0] if needs.shared_w13 else None
+    dw2 = ops.weight_grad_mm(dout, h, group_offset, group_rows, 1)[0] if needs.shared_w2 else None
+    return dx, dw13, dw2
+
+
+def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
+                   needs: Needs = Needs(), ops: BackwardOps | None = None) -> LayerGrads:
+    """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
+    rank holding every token and every expert (global ids index w13 [E, 2I, H]
+    and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
+    ops: the kernels (None: ops_for(x.device))."""
+    ops = ops_for(x.device) if ops is None else ops
+    T, H = x.shape
+    dout = dout.to(x.dtype).contiguous()
+    has_shared = shared_w13 is not None
+    routed = needs.x or needs.weights or needs.w13 or needs.w2
+    slot_rows = dx_rows = dweights = dw13 = dw2 = dx_shared = dsw13 = dsw2 = None
+    if routed:
+        slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops)
+    if has_shared and (needs.x or needs.shared_w13 or needs.shared_w2):
+        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops)
+    dx = None
+    if needs.x:
+        # The forward's combine order: shared part, then slots 0..k-1, in fp32
+        # (one slot gathered at a time: no [T, k, H] fp32 copy).
+        acc = dx_shared.float() if dx_shared is not None else torch.zeros(T, H, device=x.device)
+        for j in range(expert_ids.shape[1]):
+            acc = acc + dx_rows.index_select(0, slot_rows[:, j]).float()
+        dx = acc.to(x.dtype)
+    return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
+
+
+__all__ = ["BackwardOps", "LayerGrads", "Needs", "Schedule", "has_kernel_ops", "kernel_ops", "layer_backward",
+           "ops_for", "routed_schedule"]
