@@ -180,23 +180,28 @@ def test_logits_match_transformers_backends_and_repeat_bitwise(make_config):
     assert mok_error < max(2e-2, 2 * eager_error), (mok_error, eager_error)
 
 
-def _expert_grads(config, implementation, input_ids):
+def _grads(config, implementation, input_ids):
     model = _model(config, implementation).to(device="cuda", dtype=torch.bfloat16)
     model(input_ids).logits.float().square().mean().backward()
-    return [p.grad.float() for m in _experts_modules(model) for p in (m.gate_up_proj, m.down_proj)]
+    return {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
 
 
+# One MoE layer, after non-MoE layers only: its input, and so its routing, is
+# then the same under every backend. (After another MoE layer, one backend's
+# roundings can flip a token's top-k choice, which moves that token's rows to
+# another expert: the experts' gradients of two backends then differ by 5-10%
+# for a reason that is not the backward's.)
 @pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
-def test_backward_through_the_backend_matches_grouped_mm():
+@pytest.mark.parametrize("config", [_qwen3_moe_config(num_hidden_layers=1), _deepseek_v3_config()],
+                         ids=["qwen3-moe", "deepseek-v3"])
+def test_backward_through_the_backend_matches_grouped_mm(config):
     mok.hf.register(check_errors=True)
-    config = _qwen3_moe_config()
     input_ids = torch.randint(0, config.vocab_size, (2, 48), device="cuda",
                               generator=torch.Generator("cuda").manual_seed(2))
-    want = _expert_grads(config, "grouped_mm", input_ids)
-    eager = _expert_grads(config, "eager", input_ids)
-    got = _expert_grads(config, "mok", input_ids)
-    assert len(got) == len(want) > 0
-    for g, w, e in zip(got, want, eager):
-        assert torch.isfinite(g).all()
-        # Like the logits: mok no farther from grouped_mm than eager is (plus slack).
-        assert float((g - w).norm() / w.norm()) < max(3e-2, 2 * float((e - w).norm() / w.norm()))
+    want = _grads(config, "grouped_mm", input_ids)
+    got = _grads(config, "mok", input_ids)
+    assert set(got) == set(want) and any("experts" in name for name in got)
+    for name, g in got.items():
+        assert torch.isfinite(g).all(), name
+        # Measured on an H200: at most 0.9% for every parameter (bf16 roundings in different places).
+        assert float((g - want[name]).norm() / want[name].norm()) < 3e-2, name
