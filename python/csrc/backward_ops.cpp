@@ -186,7 +186,11 @@ void launch_weight_grad(at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   mok::WeightGradArgs args;
   args.a = a.data_ptr();
   args.b = b.data_ptr();
-  args.out = out.data_ptr<float>();
+  if (out.scalar_type() == at::kBFloat16) {
+    args.out_bf16 = out.data_ptr();
+  } else {
+    args.out = out.data_ptr<float>();
+  }
   args.group_offset = group_offset.data_ptr<int32_t>();
   args.group_rows = group_rows.data_ptr<int32_t>();
   args.num_groups = static_cast<int>(out.size(0));
@@ -208,22 +212,33 @@ void check_weight_grad(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   check_group_tables(group_offset, group_rows, num_groups, device, "a is on");
 }
 
+// fp32 (the default) or bf16: the fp32 sum rounded once, what a bf16 weight's
+// gradient is, without an fp32 tensor and a conversion pass.
+at::ScalarType weight_grad_dtype(std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType t = out_dtype.value_or(at::kFloat);
+  expect(t == at::kFloat || t == at::kBFloat16,
+         std::string("out_dtype = ") + c10::toString(t) + ": weight_grad_mm writes float32 or bfloat16");
+  return t;
+}
+
 at::Tensor weight_grad_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                          const at::Tensor& group_rows, int64_t num_groups) {
+                          const at::Tensor& group_rows, int64_t num_groups, std::optional<at::ScalarType> out_dtype) {
   check_weight_grad(a, b, group_offset, group_rows, num_groups);
+  const at::ScalarType dtype = weight_grad_dtype(out_dtype);
   const c10::cuda::CUDAGuard guard(a.device());
   // The kernel writes every group (zeros for one without rows); with no rows
   // at all nothing is launched, so the zeros come from here.
-  if (a.size(0) == 0) return at::zeros({num_groups, a.size(1), b.size(1)}, a.options().dtype(at::kFloat));
-  at::Tensor out = at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(at::kFloat));
+  if (a.size(0) == 0) return at::zeros({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
+  at::Tensor out = at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
   launch_weight_grad(out, a, b, group_offset, group_rows, /*accumulate=*/false);
   return out;
 }
 
 at::Tensor weight_grad_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                               const at::Tensor& group_rows, int64_t num_groups) {
+                               const at::Tensor& group_rows, int64_t num_groups,
+                               std::optional<at::ScalarType> out_dtype) {
   check_weight_grad(a, b, group_offset, group_rows, num_groups);
-  return at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(at::kFloat));
+  return at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(weight_grad_dtype(out_dtype)));
 }
 
 void check_weight_grad_acc(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
@@ -259,7 +274,8 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "swiglu_backward_mm(Tensor dout_rows, Tensor w2, Tensor preact, Tensor? row_scale, Tensor group_offset, "
       "Tensor group_rows) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
-  m.def("weight_grad_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, int num_groups) -> Tensor");
+  m.def("weight_grad_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, int num_groups, "
+        "ScalarType? out_dtype=None) -> Tensor");
   m.def(
       "weight_grad_mm_acc_(Tensor(a!) out, Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> ()");
 }

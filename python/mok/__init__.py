@@ -25,7 +25,7 @@ chains them; rows outside every group come back as zeros):
                                    group_offset, group_rows)
       -> (d13, scaled_act, row_scale_grad)
       The data gradient through the down projection and SwiGLU.
-  torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups) -> out
+  torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None) -> out
   torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
       out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32.
 
@@ -88,12 +88,14 @@ def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.
 
 
 def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor, group_rows: torch.Tensor,
-                   num_groups: int) -> torch.Tensor:
+                   num_groups: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """out[g] = sum over group g's rows r of a[r]^T b[r] (a [M, m], b [M, n]
     bf16): fp32 [G, m, n], each element one fp32 sum over the group's rows in
     order (same bits wherever the group sits); a group without rows gets zeros.
+    out_dtype=torch.bfloat16: that fp32 sum rounded once, written as bf16 (a
+    bf16 weight's gradient, without an fp32 tensor and a conversion).
     E.g. dW2[e] = weight_grad_mm(dy_rows, h_rows, ...)."""
-    return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups)
+    return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype)
 
 
 def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,

@@ -75,6 +75,12 @@ def _split(t, sizes, like, wanted):
     return [p.to(ref.dtype) if want else None for p, ref, want in zip(t.split(sizes), like, wanted)]
 
 
+def _weight_grad_dtype(weight):
+    """bf16 weights get their gradients from the kernel already rounded (one
+    rounding of the fp32 sum, no fp32 copy); any other dtype gets fp32, cast by _split."""
+    return torch.bfloat16 if weight.dtype == torch.bfloat16 else None
+
+
 def _fused_forward_backward(ctx, douts):
     _refuse_double_backward("mok.fused_forward")
     R = ctx.world
@@ -89,7 +95,7 @@ def _fused_forward_backward(ctx, douts):
     # The virtual world's ranks concatenated: global token order, global experts.
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
-        needs=needs)
+        needs=needs, grad_dtype=_weight_grad_dtype(w13[0]))
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
     result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),
@@ -115,7 +121,8 @@ def _grouped_mm_backward(ctx, dout):
     dout = dout.to(a.dtype).contiguous()
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     da = ops.grouped_mm_kn(dout, b, group_offset, group_rows) if need_a else None
-    db = ops.weight_grad_mm(dout, a, group_offset, group_rows, b.shape[0]).to(b.dtype) if need_b else None
+    db = (ops.weight_grad_mm(dout, a, group_offset, group_rows, b.shape[0], _weight_grad_dtype(b)).to(b.dtype)
+          if need_b else None)
     return _fit(ctx, (da, db, None, None))
 
 

@@ -41,7 +41,7 @@ class BackwardOps(NamedTuple):
     grouped_mm: Callable          # (a, b [G, N, K], group_offset, group_rows) -> bf16 [M, N]
     grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
     swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
-    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups) -> fp32 [G, m, n]
+    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
 
 
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm")
@@ -85,7 +85,7 @@ class Needs(NamedTuple):
 class LayerGrads(NamedTuple):
     """The layer's gradients; None where not needed (or no shared expert).
     dx in x's dtype, dweights fp32 [T, k]; the weight gradients in fp32 (the
-    kernels' accumulators; callers round them to the weights' dtype)."""
+    kernels' accumulators), or rounded once to layer_backward's grad_dtype."""
     dx: torch.Tensor | None
     dweights: torch.Tensor | None
     dw13: torch.Tensor | None
@@ -119,7 +119,7 @@ def routed_schedule(expert_ids: torch.Tensor, num_experts: int) -> Schedule:
                     offsets.to(torch.int32), (offsets[1:] - offsets[:-1]).to(torch.int32))
 
 
-def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps):
+def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype):
     """(slot_rows int64 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
     dw13, dw2): dx_rows[slot_rows[t, j]] is slot j's part of dx[t]."""
     T, k = expert_ids.shape
@@ -137,13 +137,13 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     if needs.weights:
         dweights = dscale.index_select(0, s.row_of_entry).view(T, k)
     if needs.w13:
-        dw13 = ops.weight_grad_mm(d13, x_rows, s.group_offset, s.group_rows, E)
+        dw13 = ops.weight_grad_mm(d13, x_rows, s.group_offset, s.group_rows, E, grad_dtype)
     if needs.w2:
-        dw2 = ops.weight_grad_mm(dout_rows, hw, s.group_offset, s.group_rows, E)
+        dw2 = ops.weight_grad_mm(dout_rows, hw, s.group_offset, s.group_rows, E, grad_dtype)
     return slot_rows, dx_rows, dweights, dw13, dw2
 
 
-def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps):
+def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad_dtype):
     """(dx_shared bf16 [T, H] | None, dshared_w13, dshared_w2): one group of every token, weight 1."""
     T = x.shape[0]
     # Factory ops, not torch.tensor(list): under torch.compile these must be fake tensors too.
@@ -153,17 +153,20 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps):
     preact = ops.grouped_mm(x, w13, group_offset, group_rows)
     d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
     dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13 = ops.weight_grad_mm(d13, x, group_offset, group_rows, 1)[0] if needs.shared_w13 else None
-    dw2 = ops.weight_grad_mm(dout, h, group_offset, group_rows, 1)[0] if needs.shared_w2 else None
+    dw13 = ops.weight_grad_mm(d13, x, group_offset, group_rows, 1, grad_dtype)[0] if needs.shared_w13 else None
+    dw2 = ops.weight_grad_mm(dout, h, group_offset, group_rows, 1, grad_dtype)[0] if needs.shared_w2 else None
     return dx, dw13, dw2
 
 
 def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                   needs: Needs = Needs(), ops: BackwardOps | None = None) -> LayerGrads:
+                   needs: Needs = Needs(), ops: BackwardOps | None = None,
+                   grad_dtype: torch.dtype | None = None) -> LayerGrads:
     """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
     rank holding every token and every expert (global ids index w13 [E, 2I, H]
     and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
-    ops: the kernels (None: ops_for(x.device))."""
+    ops: the kernels (None: ops_for(x.device)). grad_dtype: the weight
+    gradients' dtype (None: fp32; bf16: the fp32 sums rounded once, as a bf16
+    weight's gradient is)."""
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
     dout = dout.to(x.dtype).contiguous()
@@ -171,9 +174,9 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     routed = needs.x or needs.weights or needs.w13 or needs.w2
     slot_rows = dx_rows = dweights = dw13 = dw2 = dx_shared = dsw13 = dsw2 = None
     if routed:
-        slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops)
+        slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops, grad_dtype)
     if has_shared and (needs.x or needs.shared_w13 or needs.shared_w2):
-        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops)
+        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype)
     dx = None
     if needs.x:
         # The forward's combine order: shared part, then slots 0..k-1, in fp32

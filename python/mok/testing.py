@@ -140,11 +140,12 @@ def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset,
     return d13, scaled_act, row_scale_grad
 
 
-def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups):
-    """mok.weight_grad_mm: out[g] = sum over group g's rows of a[r]^T b[r]; fp32 [G, m, n]."""
+def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None):
+    """mok.weight_grad_mm: out[g] = sum over group g's rows of a[r]^T b[r]; fp32 [G, m, n]
+    (out_dtype: that sum rounded once to it)."""
     out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float32, device=a.device)
     reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
-    return out
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):

@@ -85,6 +85,19 @@ def test_swiglu_backward_matches_its_reference(scaled):
     assert all(_same_bits(a, b) for a, b in zip(got, again))
 
 
+def test_weight_grad_bf16_output_is_the_fp32_sum_rounded_once():
+    off, rows, inside = _layout()
+    M, m, n = inside.numel(), 192, 128
+    a = _rand(M, m, seed=16, inside=inside)
+    b = _rand(M, n, seed=17, inside=inside)
+    fp32 = mok.weight_grad_mm(a, b, off, rows, len(COUNTS))
+    bf16 = mok.weight_grad_mm(a, b, off, rows, len(COUNTS), out_dtype=torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16 and bf16.shape == fp32.shape
+    assert _same_bits(bf16, fp32.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        mok.weight_grad_mm(a, b, off, rows, len(COUNTS), out_dtype=torch.float16)
+
+
 def test_weight_grad_matches_its_reference_and_accumulates():
     off, rows, inside = _layout()
     M, m, n = inside.numel(), 192, 128

@@ -1,0 +1,124 @@
+"""The MoE layer's backward and forward+backward: mok against the torch-native
+pipeline's autograd, one process, one GPU.
+
+Both sides get the same bf16 layer (bench_fused_forward.make_layer) with x,
+the router weights and every weight requiring grad; the backward is timed as
+torch.autograd.grad(out, inputs, dout, retain_graph=True) (no .grad
+accumulation on either side), the forward+backward as a forward then that
+call. Native and mok run in alternating rounds (bench_fused_forward.paired_ms).
+Useful FLOPs: the backward is twice the forward's 6 (T + T k) H I (the shared
+expert counted as one more expert of width I); recomputed FLOPs are not
+counted. The dense bf16 peak is measured in the same run. mok's backward today
+is the staged one (python/mok/staged_backward.py: mok's grouped GEMMs for the
+data and weight gradients, torch for the gathers and the combine); a
+per-kernel breakdown of one mok backward (torch.profiler) is printed too.
+
+usage: python3 bench/bench_backward.py [--quick] [--no-profile]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fused_forward import dense_peak_tflops, make_layer, paired_ms, torch_native  # noqa: E402
+import mok  # noqa: E402  (bench_fused_forward put python/ on the path)
+
+
+def leaves(layer):
+    """The layer's differentiable inputs as fresh leaves (ids stay integers)."""
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    req = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, w, w13, w2, sw13, sw2)]
+    x, w, w13, w2, sw13, sw2 = req
+    return (x, ids, w, w13, w2, sw13, sw2), [t for t in req if t is not None]
+
+
+def native_forward(layer):
+    return torch_native(*layer)
+
+
+def mok_forward(layer):
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    return mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=w13.shape[0])[0]
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def profile_backward(out, inputs, dout, top=12):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(out, inputs, dout, retain_graph=True)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events)
+    print(f"  mok backward, GPU time by kernel (total {total / 1e3:.3f} ms):")
+    for e in events[:top]:
+        print(f"    {e.device_time_total / 1e3:8.3f} ms {100 * e.device_time_total / total:5.1f}%  x{e.count:<3} {e.key[:90]}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3 slice only")
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    peak = dense_peak_tflops()
+    print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
+    shapes = [  # name, T, H, I, E (per-GPU slice), k, shared
+        ("dsv3-ep8-slice", 4096, 7168, 2048, 32, 8, True),
+        ("glm4.5-ep8-slice", 4096, 5120, 1536, 20, 8, True),
+        ("qwen3-235b-ep8-slice", 4096, 4096, 1536, 16, 8, False),
+    ]
+    if args.quick:
+        shapes = shapes[:1]
+    rows = []
+    for name, T, H, I, E, k, shared in shapes:
+        for skew in (False, True):
+            label = name + (" skewed" if skew else "")
+            base = make_layer(T, H, I, E, k, shared, skew=skew)
+            fwd_flops = 6.0 * (T + T * k if shared else T * k) * H * I
+            dout = torch.randn(T, H, device="cuda").bfloat16()
+            native_layer, native_inputs = leaves(base)
+            mok_layer, mok_inputs = leaves(base)
+            out_n = native_forward(native_layer)
+            out_m = mok_forward(mok_layer)
+            grads_n = torch.autograd.grad(out_n, native_inputs, dout, retain_graph=True)
+            grads_m = torch.autograd.grad(out_m, mok_inputs, dout, retain_graph=True)
+            errs = [rel(gm, gn) for gm, gn in zip(grads_m, grads_n)]
+            print(f"{label}: grad rel err vs native (x, w, w13, w2[, shared]): "
+                  + ", ".join(f"{e:.1e}" for e in errs), flush=True)
+            tb_n, tb_m = paired_ms(lambda: torch.autograd.grad(out_n, native_inputs, dout, retain_graph=True),
+                                   lambda: torch.autograd.grad(out_m, mok_inputs, dout, retain_graph=True))
+
+            def step_native():
+                torch.autograd.grad(native_forward(native_layer), native_inputs, dout)
+
+            def step_mok():
+                torch.autograd.grad(mok_forward(mok_layer), mok_inputs, dout)
+            tfb_n, tfb_m = paired_ms(step_native, step_mok)
+            rows.append((label, tb_n, tb_m, tfb_n, tfb_m, fwd_flops))
+            print(f"{label}: backward native {tb_n:.3f} ms, mok {tb_m:.3f} ms; "
+                  f"forward+backward native {tfb_n:.3f} ms, mok {tfb_m:.3f} ms", flush=True)
+            if not args.no_profile and not skew:
+                profile_backward(out_m, mok_inputs, dout)
+            del out_n, out_m, grads_n, grads_m
+            torch.cuda.empty_cache()
+
+    print()
+    print(f"{'shape':<28} {'bwd native':>10} {'bwd mok':>8} {'ratio':>6} {'TFLOP/s':>8} {'% peak':>7}"
+          f" {'f+b native':>11} {'f+b mok':>8} {'ratio':>6} {'% peak':>7}")
+    for label, tbn, tbm, tfn, tfm, f in rows:
+        bw = 2 * f / tbm / 1e9
+        fb = 3 * f / tfm / 1e9
+        print(f"{label:<28} {tbn:>10.3f} {tbm:>8.3f} {tbn / tbm:>6.2f} {bw:>8.0f} {100 * bw / peak:>6.1f}%"
+              f" {tfn:>11.3f} {tfm:>8.3f} {tfn / tfm:>6.2f} {100 * fb / peak:>6.1f}%")
+
+
+if __name__ == "__main__":
+    main()
