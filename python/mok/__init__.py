@@ -27,7 +27,9 @@ chains them; rows outside every group come back as zeros):
       The data gradient through the down projection and SwiGLU.
   torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None) -> out
   torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
-      out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32.
+      out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32 (or bf16).
+  torch.ops.mok.row_combine(rows, row_index, base) -> out
+      out[t] = base[t] + the token's slot rows, fp32 in slot order, one rounding.
 
 Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
@@ -98,6 +100,14 @@ def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
     return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype)
 
 
+def row_combine(rows: torch.Tensor, row_index: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t] = bf16(base[t] + rows[row_index[t, 0]] + ... + rows[row_index[t, k-1]]):
+    rows bf16 [N, width] (width % 8 == 0), row_index int32 [T, k] (< 0: adds
+    nothing), base bf16 [T, width] or None; fp32 sums in slot order, one
+    rounding, no atomics (the backward's dx = dx_shared + sum of its slots)."""
+    return torch.ops.mok.row_combine(rows, row_index, base)
+
+
 def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
                         group_rows: torch.Tensor) -> torch.Tensor:
     """out[g] += sum over group g's rows of a[r]^T b[r], in place (out fp32
@@ -148,7 +158,7 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
 
 
 __all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_kn", "grouped_mm_swiglu",
-           "layout_from_counts", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
+           "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)
 from .quant import QuantizedWeights, quantize_weights  # noqa: E402,F401  (block-scaled FP8 weights)

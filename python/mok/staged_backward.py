@@ -13,7 +13,8 @@ experts in global order):
   preact     = grouped_mm(x_rows, W13)                  [gate | up], recomputed
   d13, w*h, dw = swiglu_backward_mm(dout_rows, W2, preact, w_rows)
   dx_j       = grouped_mm_kn(d13, W13)                  one bf16 row per (token, slot)
-  dx         = dx_shared + dx_0 + ... + dx_{k-1}        fp32, slots in order, one bf16 rounding
+  dx         = row_combine(dx_j, dx_shared)             dx_shared + dx_0 + ... + dx_{k-1}: fp32,
+                                                        slots in order, one bf16 rounding
   dW13[e]    = weight_grad_mm(d13, x_rows)              fp32
   dW2[e]     = weight_grad_mm(dout_rows, w*h)           fp32
   shared     the same with one group of every token and weight 1
@@ -42,9 +43,10 @@ class BackwardOps(NamedTuple):
     grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
     swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
     weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
+    row_combine: Callable         # (rows, row_index int32 [T, k], base | None) -> bf16 [T, width]
 
 
-_KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm")
+_KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
 
 
 def has_kernel_ops() -> bool:
@@ -60,7 +62,7 @@ def kernel_ops() -> BackwardOps:
         raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
                            "staged backward); rebuild it (scripts/build.sh, or pip install --no-build-isolation .)")
     m = torch.ops.mok
-    return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm)
+    return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm, m.row_combine)
 
 
 def ops_for(device: torch.device) -> BackwardOps:
@@ -120,7 +122,7 @@ def routed_schedule(expert_ids: torch.Tensor, num_experts: int) -> Schedule:
 
 
 def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype):
-    """(slot_rows int64 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
+    """(slot_rows int32 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
     dw13, dw2): dx_rows[slot_rows[t, j]] is slot j's part of dx[t]."""
     T, k = expert_ids.shape
     E = w13.shape[0]
@@ -133,7 +135,7 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     slot_rows = dx_rows = dweights = dw13 = dw2 = None
     if needs.x:
         dx_rows = ops.grouped_mm_kn(d13, w13, s.group_offset, s.group_rows)
-        slot_rows = s.row_of_entry.view(T, k)
+        slot_rows = s.row_of_entry.view(T, k).to(torch.int32)
     if needs.weights:
         dweights = dscale.index_select(0, s.row_of_entry).view(T, k)
     if needs.w13:
@@ -179,12 +181,9 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
         dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype)
     dx = None
     if needs.x:
-        # The forward's combine order: shared part, then slots 0..k-1, in fp32
-        # (one slot gathered at a time: no [T, k, H] fp32 copy).
-        acc = dx_shared.float() if dx_shared is not None else torch.zeros(T, H, device=x.device)
-        for j in range(expert_ids.shape[1]):
-            acc = acc + dx_rows.index_select(0, slot_rows[:, j]).float()
-        dx = acc.to(x.dtype)
+        # The forward's combine order: shared part, then slots 0..k-1, in fp32,
+        # one bf16 rounding (one pass over the slot rows).
+        dx = ops.row_combine(dx_rows, slot_rows, dx_shared).to(x.dtype)
     return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
 
 

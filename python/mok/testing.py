@@ -154,6 +154,20 @@ def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):
         out[g] += a[first:end].float().t() @ b[first:end].float()
 
 
+def reference_row_combine(rows, row_index, base):
+    """mok.row_combine: out[t] = bf16(base[t] + rows[row_index[t, 0]] + ...), fp32 sums
+    in slot order, negative indices adding nothing; bf16 [T, width]."""
+    T, width = row_index.shape[0], rows.shape[1]
+    acc = torch.zeros(T, width, dtype=torch.float32, device=rows.device)
+    if base is not None:
+        acc = acc + base.float()
+    for j in range(row_index.shape[1]):
+        idx = row_index[:, j].long()
+        picked = rows.index_select(0, idx.clamp_min(0)).float() if rows.shape[0] else torch.zeros_like(acc)
+        acc = torch.where((idx >= 0).unsqueeze(1), acc + picked, acc)
+    return acc.to(rows.dtype)
+
+
 def reference_ops(**swiglu_options):
     """The reference ops as a mok.staged_backward.BackwardOps (keyword options
     go to reference_swiglu_backward_mm: swap_gate_up=True is a mutant)."""
@@ -165,7 +179,8 @@ def reference_ops(**swiglu_options):
     if swiglu_options:
         swiglu = functools.partial(reference_swiglu_backward_mm, **swiglu_options)
     return BackwardOps(grouped_mm=reference_grouped_mm, grouped_mm_kn=reference_grouped_mm_kn,
-                       swiglu_backward_mm=swiglu, weight_grad_mm=reference_weight_grad_mm)
+                       swiglu_backward_mm=swiglu, weight_grad_mm=reference_weight_grad_mm,
+                       row_combine=reference_row_combine)
 
 
 def reference_layer_grads(x, ids, w, w13, w2, shared_w13, shared_w2, dout):

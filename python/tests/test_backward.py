@@ -115,7 +115,7 @@ def _counting(ops):
 
 
 @pytest.mark.parametrize("needs, expected_calls", [
-    (Needs(), {"grouped_mm": 2, "swiglu_backward_mm": 2, "grouped_mm_kn": 2, "weight_grad_mm": 4}),
+    (Needs(), {"grouped_mm": 2, "swiglu_backward_mm": 2, "grouped_mm_kn": 2, "weight_grad_mm": 4, "row_combine": 1}),
     (Needs(x=False, weights=False, w13=False, shared_w13=False, shared_w2=False),
      {"grouped_mm": 1, "swiglu_backward_mm": 1, "weight_grad_mm": 1}),
     (Needs(x=False, weights=False, w13=False, w2=False, shared_w13=False),

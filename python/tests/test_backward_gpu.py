@@ -85,6 +85,19 @@ def test_swiglu_backward_matches_its_reference(scaled):
     assert all(_same_bits(a, b) for a, b in zip(got, again))
 
 
+def test_row_combine_equals_its_reference_bit_for_bit():
+    g = torch.Generator(device="cuda").manual_seed(21)
+    T, k, width, N = 300, 5, 1024, 1700
+    rows = torch.randn(N, width, device="cuda", generator=g).bfloat16()
+    base = torch.randn(T, width, device="cuda", generator=g).bfloat16()
+    index = torch.randint(-1, N, (T, k), device="cuda", generator=g, dtype=torch.int32)  # some -1
+    for b in (base, None):
+        out = mok.row_combine(rows, index, b)
+        assert _same_bits(out, mok.testing.reference_row_combine(rows, index, b))
+    with pytest.raises(RuntimeError, match="row_index"):
+        mok.row_combine(rows, index.long(), base)
+
+
 def test_weight_grad_bf16_output_is_the_fp32_sum_rounded_once():
     off, rows, inside = _layout()
     M, m, n = inside.numel(), 192, 128
