@@ -24,7 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fused_forward import dense_peak_tflops, make_layer, paired_ms, torch_native  # noqa: E402
+from bench_fused_forward import SHAPES, dense_peak_tflops, make_layer, paired_ms, torch_native  # noqa: E402
 import mok  # noqa: E402  (bench_fused_forward put python/ on the path)
 
 
@@ -70,13 +70,7 @@ def main():
     torch.manual_seed(0)
     peak = dense_peak_tflops()
     print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
-    shapes = [  # name, T, H, I, E (per-GPU slice), k, shared
-        ("dsv3-ep8-slice", 4096, 7168, 2048, 32, 8, True),
-        ("glm4.5-ep8-slice", 4096, 5120, 1536, 20, 8, True),
-        ("qwen3-235b-ep8-slice", 4096, 4096, 1536, 16, 8, False),
-    ]
-    if args.quick:
-        shapes = shapes[:1]
+    shapes = SHAPES[:1] if args.quick else SHAPES
     rows = []
     for name, T, H, I, E, k, shared in shapes:
         for skew in (False, True):

@@ -27,6 +27,14 @@ from mok.testing import split_world  # noqa: E402
 from bench_timing import event_ms  # noqa: E402
 
 
+# The benchmarked layers: name, T, H, I, E (one GPU's slice at EP 8), k, shared expert.
+SHAPES = [
+    ("dsv3-ep8-slice", 4096, 7168, 2048, 32, 8, True),
+    ("glm4.5-ep8-slice", 4096, 5120, 1536, 20, 8, True),
+    ("qwen3-235b-ep8-slice", 4096, 4096, 1536, 16, 8, False),
+]
+
+
 def median_ms(fn, warmup=5, iters=20):
     for _ in range(warmup):
         fn()
@@ -113,13 +121,7 @@ def main():
     peak = dense_peak_tflops()
     print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
 
-    shapes = [  # name, T, H, I, E (per-GPU slice), k, shared
-        ("dsv3-ep8-slice", 4096, 7168, 2048, 32, 8, True),
-        ("glm4.5-ep8-slice", 4096, 5120, 1536, 20, 8, True),
-        ("qwen3-235b-ep8-slice", 4096, 4096, 1536, 16, 8, False),
-    ]
-    if args.quick:
-        shapes = shapes[:1]
+    shapes = SHAPES[:1] if args.quick else SHAPES
     rows = []
     for name, T, H, I, E, k, shared in shapes:
         for skew in (False, True):
