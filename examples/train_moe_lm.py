@@ -1,151 +1,163 @@
-"""Train a small language model whose feed-forward block is mok's MoE layer.
+"""Train a transformers MoE causal LM on text, with transformers' "grouped_mm"
+experts and with mok's, in one script, and compare.
 
-The data is a synthetic Markov chain over a vocabulary (each token has a few
-likely successors), so the best achievable loss -- the chain's entropy rate --
-is known and printed. The model: token embedding -> RMSNorm -> MoE (mok.nn.MoE,
-with a shared expert) + residual -> RMSNorm -> vocabulary head; every
-parameter bf16. Forward: mok's fused megakernel; backward: mok's staged
-backward (python/mok/staged_backward.py), through plain torch autograd.
+The model is a Qwen3-MoE built from a config (random weights, nothing
+downloaded), byte-level (vocabulary 256), trained on this repository's own
+docs and sources. Three runs on the same batches from the same initial
+weights: grouped_mm, mok, and mok again (the two mok runs must give bitwise
+identical losses). mok's experts: the fused forward megakernel and, for now,
+the staged backward (python/mok/staged_backward.py).
 
---compare trains a second copy with the same initial weights and batches
-whose experts run in plain torch (a per-expert loop; the same router), and
-prints both losses side by side: the two curves should stay close.
+Reported: a progress bar per run, tokens/s (after warm-up steps), the loss
+curves side by side, the largest gap between mok's and grouped_mm's loss, and
+a PNG of the curves (matplotlib, when installed).
 
-usage: python3 examples/train_moe_lm.py [--steps 300] [--compare]
-(one Hopper GPU; from a source tree, build first: scripts/build.sh)
+  python3 examples/train_moe_lm.py                 # small: H 1024, I 512, 32 experts, top-8, 2 layers
+  python3 examples/train_moe_lm.py --size dsv3     # DeepSeek-V3's per-GPU MoE size: H 7168, I 2048, 32 experts, top-8
+
+Needs one Hopper GPU and transformers (from a source tree: scripts/build.sh first).
+Attention runs in transformers' "eager" implementation and torch in
+deterministic mode (warn only), so that the whole step -- not only mok -- is
+repeatable.
 """
 from __future__ import annotations
 
 import argparse
-import copy
-import math
 import os
+import pathlib
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before CUDA starts
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import mok  # noqa: E402
-from mok.nn import MoE  # noqa: E402
+import torch  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+import mok  # noqa: E402,F401
+import mok.hf  # noqa: E402
 
-class MarkovChain:
-    """Token t is followed by one of `fanout` successors with fixed probabilities."""
-
-    def __init__(self, vocab: int, fanout: int, seed: int, device):
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        self.succ = torch.randint(0, vocab, (vocab, fanout), generator=g).to(device)
-        self.prob = torch.softmax(torch.randn(vocab, fanout, generator=g) * 1.5, dim=1).to(device)
-        # Entropy rate under the stationary distribution (power iteration).
-        P = torch.zeros(vocab, vocab, device=device)
-        P.scatter_add_(1, self.succ, self.prob)
-        pi = torch.full((vocab,), 1.0 / vocab, device=device)
-        for _ in range(200):
-            pi = pi @ P
-        ent = -(self.prob * self.prob.log()).sum(1)
-        self.entropy = float((pi * ent).sum())
-
-    def batch(self, batch: int, length: int, g: torch.Generator):
-        seq = torch.empty(batch, length + 1, dtype=torch.long, device=self.succ.device)
-        seq[:, 0] = torch.randint(0, self.succ.shape[0], (batch,), device=seq.device, generator=g)
-        for i in range(length):
-            pick = torch.multinomial(self.prob[seq[:, i]], 1, generator=g).squeeze(1)
-            seq[:, i + 1] = self.succ[seq[:, i], pick]
-        return seq[:, :-1], seq[:, 1:]
+SIZES = {  # hidden, moe intermediate, experts, top-k, layers, heads
+    "small": (1024, 512, 32, 8, 2, 8),
+    "dsv3": (7168, 2048, 32, 8, 2, 56),
+}
 
 
-class TorchExperts(torch.nn.Module):
-    """The MoE's experts in plain torch (same parameters, same router): the
-    comparison backend."""
-
-    def __init__(self, moe: MoE):
-        super().__init__()
-        self.moe = moe
-
-    def forward(self, x):
-        m = self.moe
-        tokens = x.reshape(-1, m.hidden)
-        ids, w = m.router(tokens)
-        out = torch.zeros(tokens.shape, dtype=torch.float32, device=x.device)
-        I = m.intermediate
-        for e in range(m.num_experts):
-            t, j = (ids == e).nonzero(as_tuple=True)
-            if t.numel() == 0:
-                continue
-            gu = tokens[t] @ m.w13[e].t()
-            y = (F.silu(gu[:, :I]) * gu[:, I:]) @ m.w2[e].t()
-            out = out.index_add(0, t, w[t, j].unsqueeze(1) * y.float())
-        if m.shared_w13 is not None:
-            S = m.shared_w2.shape[1]
-            gu = tokens @ m.shared_w13.t()
-            out = out + ((F.silu(gu[:, :S]) * gu[:, S:]) @ m.shared_w2.t()).float()
-        return out.to(x.dtype).view(x.shape)
+def corpus(device) -> torch.Tensor:
+    """This repository's docs and sources as one byte stream."""
+    files = sorted(p for pattern in ("*.md", "docs/*.md", "src/**/*.c*", "src/**/*.hpp", "python/mok/*.py")
+                   for p in ROOT.glob(pattern) if p.is_file())
+    data = b"\n".join(p.read_bytes() for p in files)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device=device, dtype=torch.long)
 
 
-class TinyMoELM(torch.nn.Module):
-    def __init__(self, vocab, hidden, intermediate, experts, top_k, shared, device):
-        super().__init__()
-        kw = dict(device=device, dtype=torch.bfloat16)
-        self.embed = torch.nn.Embedding(vocab, hidden, **kw)
-        self.norm1 = torch.nn.RMSNorm(hidden, **kw)
-        self.moe = MoE(hidden, intermediate, experts, top_k, shared_intermediate=shared, device=device)
-        self.norm2 = torch.nn.RMSNorm(hidden, **kw)
-        self.head = torch.nn.Linear(hidden, vocab, bias=False, **kw)
-        self.ffn = self.moe  # replaced by TorchExperts in the comparison copy
+def batches(text: torch.Tensor, steps: int, batch: int, seq: int, seed: int):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    starts = torch.randint(0, text.numel() - seq, (steps, batch), generator=g)
+    offsets = torch.arange(seq)
+    return [text[(s[:, None] + offsets).to(text.device)] for s in starts]
 
-    def forward(self, tokens):
-        h = self.embed(tokens)
-        h = h + self.ffn(self.norm1(h))
-        return self.head(self.norm2(h)).float()
+
+def build_model(size: str, implementation: str, device):
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    hidden, inter, experts, top_k, layers, heads = SIZES[size]
+    config = Qwen3MoeConfig(vocab_size=256, hidden_size=hidden, intermediate_size=4 * inter,
+                            moe_intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                            num_key_value_heads=max(1, heads // 8), head_dim=128, num_experts=experts,
+                            num_experts_per_tok=top_k, decoder_sparse_step=1, max_position_embeddings=4096,
+                            norm_topk_prob=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation=implementation,
+                                             attn_implementation="eager")
+    gen = torch.Generator().manual_seed(1)
+    for module in model.modules():  # from_config leaves the experts' weights uninitialised
+        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj"):
+            torch.nn.init.normal_(module.gate_up_proj, std=hidden ** -0.5, generator=gen)
+            torch.nn.init.normal_(module.down_proj, std=inter ** -0.5, generator=gen)
+    return model.to(device=device, dtype=torch.bfloat16)
+
+
+def train(name, model, data, lr, warmup):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        def tqdm(it, **_):
+            return it
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses, tokens, start = [], 0, None
+    bar = tqdm(data, desc=f"{name:>10}", unit="step", dynamic_ncols=True)
+    for step, chunk in enumerate(bar):
+        if step == warmup:
+            torch.cuda.synchronize()
+            start, tokens = time.perf_counter(), 0
+        out = model(input_ids=chunk, labels=chunk)  # the model shifts the labels itself
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+        tokens += chunk.numel()
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    torch.cuda.synchronize()
+    rate = tokens / (time.perf_counter() - start) if start is not None else float("nan")
+    return losses, rate
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--compare", action="store_true", help="also train a plain-torch copy")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=5, help="steps not counted in tokens/s")
+    parser.add_argument("--plot", default="train_moe_lm.png", help="PNG of the loss curves ('' for none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this example needs a CUDA (Hopper) GPU")
     device = torch.device("cuda")
-    torch.manual_seed(0)
-    chain = MarkovChain(args.vocab, fanout=4, seed=1, device=device)
-    model = TinyMoELM(args.vocab, hidden=512, intermediate=256, experts=16, top_k=4, shared=256, device=device)
-    models = {"mok": model}
-    if args.compare:
-        twin = copy.deepcopy(model)
-        twin.ffn = TorchExperts(twin.moe)
-        models["torch"] = twin
-    opts = {name: torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0) for name, m in models.items()}
-    g = torch.Generator(device=device).manual_seed(2)
-    params = sum(p.numel() for p in model.parameters())
-    print(f"{params / 1e6:.2f} M parameters; {args.batch * args.length} tokens per step; "
-          f"chain entropy rate {chain.entropy:.3f} nats (the best loss); uniform {math.log(args.vocab):.3f}",
-          flush=True)
-    start = time.time()
-    first = {}
-    for step in range(1, args.steps + 1):
-        inputs, targets = chain.batch(args.batch, args.length, g)
-        losses = {}
-        for name, m in models.items():
-            loss = F.cross_entropy(m(inputs).view(-1, args.vocab), targets.reshape(-1))
-            opts[name].zero_grad(set_to_none=True)
-            loss.backward()
-            opts[name].step()
-            losses[name] = loss.item()
-            first.setdefault(name, losses[name])
-        if step == 1 or step % 25 == 0 or step == args.steps:
-            shown = "  ".join(f"{name} loss {v:.4f}" for name, v in losses.items())
-            print(f"step {step:5d}/{args.steps}  {shown}  ({time.time() - start:.1f} s)", flush=True)
-    for name in models:
-        print(f"{name}: loss {first[name]:.3f} -> {losses[name]:.3f} (entropy rate {chain.entropy:.3f})")
-    grads_ok = all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.moe.parameters())
-    print(f"every MoE parameter got a finite gradient: {grads_ok}")
+    # Ops without a deterministic CUDA kernel warn (and would show up as two
+    # mok runs that differ) instead of stopping the comparison.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    mok.hf.register()
+    text = corpus(device)
+    data = batches(text, args.steps, args.batch, args.seq, seed=2)
+    print(f"corpus: {text.numel() / 1e6:.2f} MB of this repository's text; {args.batch * args.seq} tokens per "
+          f"step; size {args.size}: hidden {SIZES[args.size][0]}, MoE intermediate {SIZES[args.size][1]}, "
+          f"{SIZES[args.size][2]} experts, top-{SIZES[args.size][3]}, {SIZES[args.size][4]} layers", flush=True)
+    runs = {}
+    for name, implementation in (("grouped_mm", "grouped_mm"), ("mok", "mok"), ("mok again", "mok")):
+        model = build_model(args.size, implementation, device)
+        runs[name] = train(name, model, data, args.lr, args.warmup)
+        del model
+        torch.cuda.empty_cache()
+
+    (ref, ref_rate), (mine, mine_rate), (again, _) = runs["grouped_mm"], runs["mok"], runs["mok again"]
+    gap = max(abs(a - b) for a, b in zip(mine, ref))
+    print(f"\ntokens/s per GPU: grouped_mm {ref_rate:,.0f}, mok {mine_rate:,.0f} ({mine_rate / ref_rate:.2f}x)")
+    print(f"loss: grouped_mm {ref[0]:.4f} -> {ref[-1]:.4f}, mok {mine[0]:.4f} -> {mine[-1]:.4f}; "
+          f"largest gap between the curves {gap:.4f}")
+    print(f"two mok runs, same seed: {'bitwise identical' if mine == again else 'DIFFERENT'} losses")
+    for step in sorted({0, len(ref) // 4, len(ref) // 2, 3 * len(ref) // 4, len(ref) - 1}):
+        print(f"  step {step:5d}: grouped_mm {ref[step]:.4f}  mok {mine[step]:.4f}")
+    if args.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("matplotlib not installed: no plot")
+            return
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(ref, label=f"grouped_mm ({ref_rate:,.0f} tok/s)")
+        ax.plot(mine, label=f"mok ({mine_rate:,.0f} tok/s)", linestyle="--")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats / byte)")
+        ax.set_title(f"Qwen3-MoE ({args.size}) on this repository's text")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
