@@ -138,13 +138,40 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     Keyword tuning options (mok.TUNING_OPTIONS, 0 or absent = the library's
     default): minibatch_rows, ring_slots, lookahead, ctas_per_rank,
     comm_ctas_per_rank; FusedForwardOptions in include/mok/fused_forward.hpp
-    says what each does. One FusedForward object (workspace and all) is
+    says what each does. With none given, an entry of the tuning cache for
+    this layer and GPU is used when one exists (python -m mok.tune stores
+    them; mok/tuning_source.py says when the cache is read;
+    mok.tuning_sources(...) says where each option of a call comes from). One FusedForward object (workspace and all) is
     cached per layer shape, device and tuning; the least recently used of
     more than torch.ops.mok.forward_cache_info()[1] is freed.
     """
+    tuning_list(tuning)  # unknown names raise TypeError before any lookup
+    options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
     return torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
-                                       shared_w13, shared_w2, num_experts, tuning_list(tuning),
+                                       shared_w13, shared_w2, num_experts, tuning_list(options),
                                        check_errors)
+
+
+def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):
+    from . import tuning_source
+    try:
+        layer = dict(hidden=x[0].shape[-1], intermediate=w2[0].shape[-1], experts=num_experts,
+                     top_k=expert_ids[0].shape[-1], shared=0 if shared_w2 is None else shared_w2.shape[-1],
+                     tokens_per_rank=max(t.shape[0] for t in x), world=len(x), device=x[0].device)
+    except (IndexError, AttributeError, TypeError):
+        layer = None  # malformed arguments: no cache lookup; the op names what is wrong
+    if layer is None:
+        return tuning_source.resolve(tuning, hidden=0, intermediate=0, experts=0, top_k=0, shared=0,
+                                     tokens_per_rank=0, world=0, device=None)
+    return tuning_source.resolve(tuning, **layer)
+
+
+def tuning_sources(x, expert_ids, w13, w2, shared_w2=None, *, num_experts: int, **tuning) -> dict:
+    """For a call of mok.fused_forward with these arguments: each tuning
+    option's value (0 = the library's default or rule) and where it comes from
+    ("caller", "cache" or "default")."""
+    options, sources = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
+    return {name: (options.get(name, 0), sources[name]) for name in TUNING_OPTIONS}
 
 
 def layout_from_counts(counts, tile_rows: int = 1, device=None):
@@ -157,7 +184,7 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["TUNING_OPTIONS", "fused_forward", "grouped_mm", "grouped_mm_kn", "grouped_mm_swiglu",
+__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_kn", "grouped_mm_swiglu",
            "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)

@@ -19,9 +19,11 @@ size, precision, pass). A stale or corrupt file is ignored with a warning;
 writers take a lock file and replace the file atomically, so concurrent
 tuners cannot corrupt it.
 
-What is not here yet: the library does not consult the cache by itself
-(pass the options from `TuningCache.lookup` to mok.fused_forward or
-mok.nn.MoE), and process worlds do not agree on an entry collectively.
+The library uses a matching entry whenever a caller passes no tuning option
+(mok/tuning_source.py; `mok.tuning_sources(...)` says where each option of a
+call comes from; MOK_TUNING_CACHE=off disables it). What is not here yet:
+`mok_cli tune`, and process worlds do not agree on an entry collectively
+(process_world_run takes the options it is given).
 """
 
 from __future__ import annotations
@@ -265,7 +267,12 @@ def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes:
 
     from . import fused_forward
 
+    from .options import TUNING_OPTIONS
+
     def timed(options):
+        # Every option named (0 = the library's default), so that the tuning
+        # cache never stands in for "the defaults" (mok/tuning_source.py).
+        options = {name: options.get(name, 0) for name in TUNING_OPTIONS}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         fused_forward(*layer_args, num_experts=num_experts, **options)  # warm (and build its workspace)
         start.record()

@@ -1,0 +1,81 @@
+"""Which tuning options a pass runs with, and where each came from.
+
+A pass's options come from, in order: the caller (keyword options given to
+mok.fused_forward, mok.nn.MoE or mok.hf.register), else the tuning cache
+(an entry `python -m mok.tune` stored for this GPU, CUDA/driver version, layer
+dims, tokens-per-rank bucket and world size), else the library's defaults and
+rules (include/mok/fused_forward.hpp). Options never change a result bit,
+only where and when work runs, so a cache entry can only change speed.
+
+The cache is consulted when the caller gives no option at all, not while
+torch.compile traces (a trace must not read files; the compiled graph runs the
+library's defaults unless options are passed), and not when MOK_TUNING_CACHE
+is "0" or "off". A path in MOK_TUNING_CACHE selects another cache file. The
+file is re-read only when its modification time changes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .options import TUNING_OPTIONS
+
+SOURCE_CALLER, SOURCE_CACHE, SOURCE_DEFAULT = "caller", "cache", "default"
+
+_memo: dict = {}  # (path, mtime_ns, key id) -> options
+
+
+def _cache_path():
+    from .tune import default_cache_path
+    setting = os.environ.get("MOK_TUNING_CACHE", "")
+    if setting.lower() in ("0", "off", "false", "no"):
+        return None
+    return setting if setting and setting.lower() not in ("1", "on", "true", "yes") else default_cache_path()
+
+
+def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device) -> dict:
+    """The cache's options for this layer on this GPU, or {} (no cache, no entry,
+    disabled, or not a CUDA device: meta tensors under fake tracing have no GPU to key on)."""
+    if getattr(device, "type", None) != "cuda":
+        return {}
+    path = _cache_path()
+    if path is None:
+        return {}
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    from . import tune
+    key = tune.current_key(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device)
+    memo_key = (str(path), mtime, key.id())
+    if memo_key not in _memo:
+        entry = tune.TuningCache(path).lookup(key)
+        options = dict(entry["options"]) if entry is not None else {}
+        _memo[memo_key] = {k: v for k, v in options.items() if k in TUNING_OPTIONS}
+    return dict(_memo[memo_key])
+
+
+def _compiling() -> bool:
+    import torch
+    return bool(getattr(torch.compiler, "is_compiling", lambda: False)())
+
+
+def resolve(tuning: dict, *, hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device):
+    """(options, sources): the options to run with, and for each of
+    mok.TUNING_OPTIONS where its value comes from (caller, cache, default)."""
+    if tuning or _compiling():
+        options = dict(tuning)
+        source = SOURCE_CALLER
+    else:
+        options = cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device)
+        source = SOURCE_CACHE
+    sources = {name: (source if options.get(name) else SOURCE_DEFAULT) for name in TUNING_OPTIONS}
+    return options, sources
+
+
+def describe(sources: dict, options: dict) -> str:
+    """One line: each option's value and where it came from."""
+    return ", ".join(f"{name}={options.get(name) or 'default'} ({sources[name]})" for name in TUNING_OPTIONS)
+
+
+__all__ = ["SOURCE_CACHE", "SOURCE_CALLER", "SOURCE_DEFAULT", "cached_options", "describe", "resolve"]
