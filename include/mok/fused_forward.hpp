@@ -84,6 +84,18 @@ struct RankTensors {
   // bytes of this rank's GPU, 16-byte aligned, owned by the caller, who keeps
   // one per layer. Null: the world's own, which the next pass overwrites.
   void* pass_state = nullptr;
+  // Optional, training mode (save): where this rank keeps the gate/up
+  // pre-activations the backward would otherwise recompute, rounded once to
+  // bf16 from the accumulators h comes from (so a recompute with the grouped
+  // GEMM gives the same bits). 16-byte aligned, this rank's GPU, caller-owned:
+  //   preact        bf16 [saved_rows(), 2I]: row i = row i of this rank's
+  //                 schedule (its pass_state, which must then be given too),
+  //                 gate columns then up columns; padding rows are not written
+  //   shared_preact bf16 [T, 2S]: row = token (needs a shared expert)
+  // Null: not kept. A pass with either runs the training instantiation of
+  // the kernel; its outputs are the same bits as without.
+  void* preact = nullptr;
+  void* shared_preact = nullptr;
 };
 
 class FusedForward {
@@ -147,6 +159,9 @@ class FusedForward {
   // Bytes of one rank's pass state (RankTensors::pass_state): the same for
   // every rank and every pass of this object.
   size_t pass_state_bytes() const;
+  // Rows of one rank's RankTensors::preact: its schedule's capacity (every
+  // routed row it may own, each expert padded to the tile height).
+  int64_t saved_rows() const;
 
   const LayerConfig& config() const;
   const FusedForwardOptions& options() const;  // with the defaults resolved

@@ -102,6 +102,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
 FusedForward::~FusedForward() = default;
 
 size_t FusedForward::pass_state_bytes() const { return state_->state.pass_state.bytes; }
+int64_t FusedForward::saved_rows() const { return world::schedule_row_capacity(state_->state.config, state_->state.kernel); }
 const LayerConfig& FusedForward::config() const { return state_->state.config; }
 const FusedForwardOptions& FusedForward::options() const { return state_->state.options; }
 

@@ -8,7 +8,7 @@ namespace {
 
 static_assert(alignof(CUtensorMap) <= 1024, "the workspace aligns its regions to 1 KB (workspace_layout.hpp)");
 
-template <cuda::thread_scope kScope>
+template <cuda::thread_scope kScope, bool kTraining>
 void launch(const device::FusedForwardParams& params, int ctas, cudaStream_t stream) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));
@@ -20,7 +20,7 @@ void launch(const device::FusedForwardParams& params, int ctas, cudaStream_t str
   cooperative.val.cooperative = 1;
   config.attrs = &cooperative;
   config.numAttrs = 1;
-  MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, device::fused_forward_kernel<kScope>, params));
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, device::fused_forward_kernel<kScope, kTraining>, params));
 }
 
 }  // namespace
@@ -38,22 +38,29 @@ KernelFacts fused_kernel_facts() {
   return f;
 }
 
+template <class Kernel>
+void allow_smem(Kernel kernel) {
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+}
+
 void allow_fused_kernel_smem(bool system_scope) {
   if (system_scope) {
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_system>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+    allow_smem(device::fused_forward_kernel<cuda::thread_scope_system, false>);
+    allow_smem(device::fused_forward_kernel<cuda::thread_scope_system, true>);
   } else {
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(device::fused_forward_kernel<cuda::thread_scope_device>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, device::fused_smem_bytes()));
+    allow_smem(device::fused_forward_kernel<cuda::thread_scope_device, false>);
+    allow_smem(device::fused_forward_kernel<cuda::thread_scope_device, true>);
   }
 }
 
 void launch_fused_kernel(const device::FusedForwardParams& params, int ctas, cudaStream_t stream,
-                         bool system_scope) {
+                         bool system_scope, bool training) {
   if (system_scope) {
-    launch<cuda::thread_scope_system>(params, ctas, stream);
+    training ? launch<cuda::thread_scope_system, true>(params, ctas, stream)
+             : launch<cuda::thread_scope_system, false>(params, ctas, stream);
   } else {
-    launch<cuda::thread_scope_device>(params, ctas, stream);
+    training ? launch<cuda::thread_scope_device, true>(params, ctas, stream)
+             : launch<cuda::thread_scope_device, false>(params, ctas, stream);
   }
 }
 

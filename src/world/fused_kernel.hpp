@@ -19,7 +19,9 @@ void allow_fused_kernel_smem(bool system_scope);
 // when the grid cannot be resident all at once (other work on the GPU, MPS
 // limits), which the protocol's progress argument needs (docs/protocol.md).
 // `system_scope`: counters at system scope (peers on other GPUs), else one GPU.
+// `training`: the instantiation that also keeps the gate/up pre-activations
+// of the ranks that give buffers for them (RankView::preact).
 void launch_fused_kernel(const device::FusedForwardParams& params, int ctas, cudaStream_t stream,
-                         bool system_scope);
+                         bool system_scope, bool training = false);
 
 }  // namespace mok::world

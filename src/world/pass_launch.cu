@@ -68,6 +68,7 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       maps.push_back(encode_tensor_maps(s.config, s.options, s.params.ranks[r], tensors[j], r));
     }
   }
+  bool training = false;  // some rank keeps its pre-activations: the training kernel
   bool numbered = false;  // device-ordered: this pass took a number
   bool launched = false;  // some launch of this pass is enqueued
   try {
@@ -88,6 +89,9 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       v.weights = tensors[j].weights;
       v.out = static_cast<uint16_t*>(tensors[j].out);
       s.use_pass_state(first_rank + static_cast<int>(j), tensors[j].pass_state);
+      s.params.saved[first_rank + static_cast<int>(j)] = {static_cast<uint16_t*>(tensors[j].preact),
+                                                            static_cast<uint16_t*>(tensors[j].shared_preact)};
+      training = training || tensors[j].preact != nullptr || tensors[j].shared_preact != nullptr;
     }
     if (s.device_ordered()) {
       s.params.epoch = ++s.epoch;
@@ -116,7 +120,7 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       mine.first_rank = launch.first_rank;
       mine.launch_ranks = launch.ranks;
       launched = true;  // from here a failure may leave some launch enqueued
-      launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope());
+      launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope(), training);
       if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(s.pass_done[i], streams[i]));
     }
     s.pass_done_recorded = !capturing;

@@ -42,6 +42,14 @@ void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) 
   require_device_pointer(t.shared_w13, rank + "shared_w13", has_shared);
   require_device_pointer(t.shared_w2, rank + "shared_w2", has_shared);
   require_device_pointer(t.pass_state, rank + "pass_state", false);
+  require_device_pointer(t.preact, rank + "preact", false);
+  require_device_pointer(t.shared_preact, rank + "shared_preact", false);
+  if (t.preact != nullptr && t.pass_state == nullptr) {
+    throw Error(rank + "preact needs pass_state: its rows are the schedule's, which the next pass would overwrite");
+  }
+  if (t.shared_preact != nullptr && !has_shared) {
+    throw Error(rank + "shared_preact is given but the layer has no shared expert");
+  }
   if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
     throw Error(rank + "expert_ids and weights must not be null");
   }

@@ -58,10 +58,12 @@ __device__ __forceinline__ uint32_t epilogue_pair(const float (&acc)[Cfg::kAccRe
 // outputs are the special case below (store_tile).
 // Consumer warpgroup `consumer` stores its 64 rows; columns [col0, col0 +
 // kOutCols) of the tile, clipped to n_cols (a multiple of 64).
-template <class Cfg, class RowPtr>
-__device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs],
-                                                GemmSharedStorage<Cfg>& smem, int consumer,
-                                                int col0, int n_cols, const RowPtr& row_ptr) {
+// `pack(j, h)` gives output chunk j, row half h of this thread's fragment as
+// two packed bf16 (epilogue_pair by default; the forward's training mode also
+// stores the raw gate and up accumulators of a SwiGLU tile this way).
+template <class Cfg, class RowPtr, class Pack>
+__device__ __forceinline__ void store_tile_rows_of(const Pack& pack, GemmSharedStorage<Cfg>& smem, int consumer,
+                                                   int col0, int n_cols, const RowPtr& row_ptr) {
   const int warp = (threadIdx.x / 32) % 4;
   const int first_row = consumer * 64 + warp * 16;  // within the tile
   uint8_t* const staging = smem.staging[consumer * 4 + warp];
@@ -91,9 +93,8 @@ __device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs
     for (int pair = 0; pair < 4; ++pair) {
       const int j = slab * 8 + 2 * pair;
       const int chunk = 2 * pair + st_chunk;
-      stmatrix_x4(base + st_row * 128 + ((chunk ^ (st_row & 7)) * 16), epilogue_pair<Cfg>(acc, j, 0),
-                  epilogue_pair<Cfg>(acc, j, 1), epilogue_pair<Cfg>(acc, j + 1, 0),
-                  epilogue_pair<Cfg>(acc, j + 1, 1));
+      stmatrix_x4(base + st_row * 128 + ((chunk ^ (st_row & 7)) * 16), pack(j, 0), pack(j, 1), pack(j + 1, 0),
+                  pack(j + 1, 1));
     }
     __syncwarp();
     // Read-out: this lane moves 16-byte chunk c of its four rows.
@@ -111,6 +112,24 @@ __device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs
       if (dst[it] != nullptr) st_global_v4(dst[it] + c0 + c * 8, v[it]);
     }
   }
+}
+
+template <class Cfg, class RowPtr>
+__device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs],
+                                                GemmSharedStorage<Cfg>& smem, int consumer,
+                                                int col0, int n_cols, const RowPtr& row_ptr) {
+  store_tile_rows_of<Cfg>([&](int j, int h) { return epilogue_pair<Cfg>(acc, j, h); }, smem, consumer, col0, n_cols,
+                          row_ptr);
+}
+
+// A SwiGLU tile's raw accumulators, rounded once to bf16: the gate columns
+// (up = false) or the up columns (true) of output chunk j, row half h.
+template <class Cfg>
+__device__ __forceinline__ uint32_t preactivation_pair(const float (&acc)[Cfg::kAccRegs], int j, int h, bool up) {
+  static_assert(Cfg::kEpilogue == EpilogueKind::kSwiGLU);
+  constexpr int kUp = 4 * (Cfg::kBlockN / 16);  // as in epilogue_pair
+  const int i = 4 * j + 2 * h + (up ? kUp : 0);
+  return pack_bf16x2(acc[i], acc[i + 1]);
 }
 
 // Consumer warpgroup `consumer` writes its 64 rows of the tile into the

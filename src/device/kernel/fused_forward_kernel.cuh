@@ -53,7 +53,7 @@ inline constexpr int kStaticSharedBytes = 64;
 static_assert(fused_smem_bytes() + kStaticSharedBytes <= 232448,
               "the fused kernel's shared memory exceeds an H100/H200 SM's 227 KB");
 
-template <cuda::thread_scope kScope>
+template <cuda::thread_scope kScope, bool kTraining>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams params) {
   extern __shared__ uint8_t smem_raw[];
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   __syncthreads();
   const int rank = params.first_rank + launch_rank;
 
-  RoleContext<kScope> ctx{params, rank, {params.timeout_ns}};
+  RoleContext<kScope, kTraining> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;

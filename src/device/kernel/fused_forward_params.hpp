@@ -64,6 +64,15 @@ struct RankView {
   uint32_t* idle_counters;
 };
 
+// Training mode, per rank (the caller's buffers; null: not kept): the gate/up
+// pre-activations the backward reads instead of recomputing them, rounded
+// once to bf16 from the accumulators h is computed from. Only the training
+// instantiation of the kernel reads them (RoleContext::kTraining).
+struct SavedPreactivations {
+  uint16_t* routed;  // bf16 [schedule rows, 2I]: row = the rank's schedule row (its pass state's), gate | up
+  uint16_t* shared;  // bf16 [T, 2S]: row = token
+};
+
 struct FusedForwardParams {
   RankView ranks[kMaxWorldSize];
   int32_t world_size;
@@ -90,6 +99,7 @@ struct FusedForwardParams {
   uint32_t trace_capacity;  // per block
   uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
   uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
+  SavedPreactivations saved[kMaxWorldSize];  // training mode (last: the inference kernel's offsets do not move)
 };
 
 }  // namespace mok::device

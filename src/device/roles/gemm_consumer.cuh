@@ -8,11 +8,38 @@
 
 namespace mok::device {
 
+// Training mode: a SwiGLU task also keeps its raw gate and up accumulators
+// (bf16) where the caller asked -- routed rows by schedule row, the shared
+// expert's by token; padding rows and rows past the tokens are not written.
+// n = I or S: the gate columns of the tile go to [col0, ...), the up columns
+// to [n + col0, ...) of the row.
+template <class Spec>
+__device__ __forceinline__ void store_preactivations(const RankView& v, const SavedPreactivations& saved,
+                                                     GemmSharedStorage<KindConfig<Spec>>& storage,
+                                                     const float (&acc)[FusedGemmCfg::kAccRegs], int consumer,
+                                                     const GemmTask& task, int32_t n) {
+  using Cfg = KindConfig<Spec>;
+  constexpr bool kRouted = Spec::value.rows == protocol::Rows::kSchedule;
+  uint16_t* const base = kRouted ? saved.routed : saved.shared;
+  if (base == nullptr) return;  // not training, or this expert's activations are not kept
+  const int col0 = task.n_tile * Cfg::kOutCols;
+  // A routed task's tile is m-tile m_tile of the schedule (tile_m = BM rows).
+  const int64_t first = kRouted ? static_cast<int64_t>(task.m_tile) * Cfg::kBlockM : task.row0;
+  const int32_t real = kRouted ? task.real_rows : v.tokens - task.row0;
+  for (int up = 0; up < 2; ++up) {
+    store_tile_rows_of<Cfg>([&](int j, int h) { return preactivation_pair<Cfg>(acc, j, h, up != 0); }, storage,
+                            consumer, col0, n, [&](int i) -> uint16_t* {
+                              return i < real ? base + (first + i) * 2 * n + up * n : nullptr;
+                            });
+  }
+}
+
 // Stores a finished task's tile where its kind says: rows the rank owns (a
 // ring's rows, all of them; or its own tokens, those that exist), or rows of
 // home ranks that the row resolver looked up during the mainloop.
-template <class Spec>
-__device__ __forceinline__ void store_task_output(const RankView& v, FusedGemmShared& smem,
+template <class Spec, bool kTraining>
+__device__ __forceinline__ void store_task_output(const RankView& v, const SavedPreactivations& saved,
+                                                  FusedGemmShared& smem,
                                                   const float (&acc)[FusedGemmCfg::kAccRegs], int consumer,
                                                   const GemmTask& task, int task_slot, int32_t n_cols) {
   using Cfg = KindConfig<Spec>;
@@ -34,14 +61,17 @@ __device__ __forceinline__ void store_task_output(const RankView& v, FusedGemmSh
       return base + static_cast<int64_t>(row0 + i) * n_cols;
     });
   }
+  if constexpr (kTraining && Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    store_preactivations<Spec>(v, saved, storage, acc, consumer, task, n_cols);
+  }
 }
 
 // Consumer warpgroup `consumer` (0 or 1). Returns at the end of the task list
 // (an aborted pass ends it early); a barrier stall never returns
 // (consumer_stall.cuh).
-template <cuda::thread_scope kScope>
-__device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGemmShared& smem, int consumer) {
-  using Pass = typename RoleContext<kScope>::Pass;
+template <cuda::thread_scope kScope, bool kTraining>
+__device__ __forceinline__ void gemm_consumer(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem, int consumer) {
+  using Pass = typename RoleContext<kScope, kTraining>::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const protocol::PassShape shape = ctx.shape();
@@ -100,8 +130,8 @@ __device__ __forceinline__ void gemm_consumer(RoleContext<kScope>& ctx, FusedGem
 
     if (!idle) {
       protocol::visit_kind<Pass>(task.kind, [&](auto K) {
-        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(v, smem, acc, consumer, task, task_slot,
-                                                                       n_cols);
+        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>, kTraining>(
+            v, ctx.params.saved[ctx.rank], smem, acc, consumer, task, task_slot, n_cols);
       });
     }
     __syncwarp();

@@ -30,10 +30,14 @@ __device__ __forceinline__ RowSource load_row_source(const RowSource* row) {
   return RowSource{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)};
 }
 
-template <cuda::thread_scope kScope>
+// kTraining: the forward's training mode, which also keeps the gate/up
+// pre-activations where the caller asks (gemm_consumer.cuh); a separate
+// instantiation, so that the inference kernel's code is the same as without it.
+template <cuda::thread_scope kScope, bool kTraining_ = false>
 struct RoleContext {
   // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
   using Pass = protocol::ForwardPass;
+  static constexpr bool kTraining = kTraining_;
 
   const FusedForwardParams& params;
   int32_t rank;
