@@ -162,6 +162,19 @@ class FusedForward {
   // Rows of one rank's RankTensors::preact: its schedule's capacity (every
   // routed row it may own, each expert padded to the tile height).
   int64_t saved_rows() const;
+  // The same for any object of this layer, without making one (no GPU needed).
+  static int64_t saved_rows_for(const LayerConfig& config);
+  // Where a pass state holds the schedule the backward reads (byte offsets
+  // from RankTensors::pass_state; int32 values): expert_rows [E/R] real rows
+  // per local expert, expert_offset [E/R + 1] their padded start rows (the
+  // last is the schedule's padded length), rows [saved_rows()][3] the home
+  // (rank, token, slot) of each schedule row, rank -1 for padding.
+  struct PassStateRegions {
+    size_t expert_rows = 0;
+    size_t expert_offset = 0;
+    size_t rows = 0;
+  };
+  PassStateRegions pass_state_regions() const;
 
   const LayerConfig& config() const;
   const FusedForwardOptions& options() const;  // with the defaults resolved

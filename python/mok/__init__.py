@@ -118,7 +118,7 @@ def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gro
 
 
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                  num_experts: int, check_errors: bool = False, **tuning):
+                  num_experts: int, check_errors: bool = False, save_activations: bool = False, **tuning):
     """The fused MoE layer forward (one persistent kernel).
 
     Lists hold one tensor per rank of a virtual world on one GPU (R = len(x)):
@@ -130,10 +130,15 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     minibatch, ring size or SM split. check_errors=True synchronises and
     raises on a stalled pass or a bad expert id (rank, token, slot named).
 
-    Backward: the staged backward (mok/staged_backward.py: the forward's
-    inputs are saved and gate/up recomputed; grouped kernels and deterministic
-    torch ops, bitwise repeatable) gives gradients for x, weights, w13, w2 and
-    the shared expert, in their dtypes.
+    Backward: the staged backward (mok/staged_backward.py: grouped kernels
+    and deterministic torch ops, bitwise repeatable) gives gradients for x,
+    weights, w13, w2 and the shared expert, in their dtypes. By default
+    (recompute mode) the forward keeps only its inputs and the backward
+    recomputes gate/up; save_activations=True runs the forward's training
+    kernel, which also keeps its schedule and the gate/up pre-activations
+    (saved rows x 2I bf16 per rank, mok.FusedForward's saved_rows()), and the
+    backward reads them instead (save mode: the same gradient bits, one GEMM
+    fewer). Save mode has not run on a GPU yet (docs/perf-notes.md).
 
     Keyword tuning options (mok.TUNING_OPTIONS, 0 or absent = the library's
     default): minibatch_rows, ring_slots, lookahead, ctas_per_rank,
@@ -147,9 +152,10 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     """
     tuning_list(tuning)  # unknown names raise TypeError before any lookup
     options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
-    return torch.ops.mok.fused_forward(list(x), list(expert_ids), list(weights), list(w13), list(w2),
-                                       shared_w13, shared_w2, num_experts, tuning_list(options),
-                                       check_errors)
+    op = torch.ops.mok.fused_forward_train if save_activations else torch.ops.mok.fused_forward
+    result = op(list(x), list(expert_ids), list(weights), list(w13), list(w2), shared_w13, shared_w2, num_experts,
+                tuning_list(options), check_errors)
+    return result[0] if save_activations else result
 
 
 def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):

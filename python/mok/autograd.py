@@ -2,6 +2,10 @@
 
   fused_forward      the staged backward (mok/staged_backward.py) in recompute
                      mode: the forward saves its inputs only.
+  fused_forward_train the same backward in save mode: the forward's training
+                     kernel also kept its schedule and the gate/up
+                     pre-activations, which the backward reads instead of
+                     recomputing (mok.fused_forward(..., save_activations=True)).
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
   grouped_mm_swiglu, process_world_run
                      no backward yet: backward raises a clear error instead of
@@ -57,11 +61,11 @@ def _fit(ctx, grads: tuple) -> tuple:
 # Arguments: x, expert_ids, weights, w13, w2 (lists, one entry per rank),
 # shared_w13, shared_w2, num_experts, tuning, check_errors.
 
-def _setup_fused_forward(ctx, inputs, output):
+def _setup_fused_forward(ctx, inputs, output, kept=()):
     x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning, _ = inputs
     ctx.world = len(x)
     ctx.tuning_is_empty_list = len(tuning) == 0  # its "gradient" must mirror that (see _fit)
-    ctx.save_for_backward(*x, *expert_ids, *weights, *w13, *w2, shared_w13, shared_w2)
+    ctx.save_for_backward(*x, *expert_ids, *weights, *w13, *w2, shared_w13, shared_w2, *kept)
 
 
 def _cat(tensors):
@@ -81,7 +85,22 @@ def _weight_grad_dtype(weight):
     return torch.bfloat16 if weight.dtype == torch.bfloat16 else None
 
 
-def _fused_forward_backward(ctx, douts):
+def _setup_fused_forward_train(ctx, inputs, output):
+    # Kept: preact, shared_preact, expert_rows, expert_offset, schedule_rows
+    # (one list each, a tensor per rank), after the inputs.
+    kept = [t for group in output[1:] for t in group]
+    ctx.mark_non_differentiable(*kept)
+    _setup_fused_forward(ctx, inputs, output, kept)
+
+
+def _fused_forward_train_backward(ctx, douts, *unused):
+    R = ctx.world
+    kept = ctx.saved_tensors[5 * R + 2:]
+    return _fused_forward_backward(ctx, douts, staged_backward.SavedForward(
+        *(list(kept[i * R:(i + 1) * R]) for i in range(5))))
+
+
+def _fused_forward_backward(ctx, douts, kept=None):
     _refuse_double_backward("mok.fused_forward")
     R = ctx.world
     saved = ctx.saved_tensors
@@ -95,7 +114,7 @@ def _fused_forward_backward(ctx, douts):
     # The virtual world's ranks concatenated: global token order, global experts.
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
-        needs=needs, grad_dtype=_weight_grad_dtype(w13[0]))
+        needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x])
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
     result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),
@@ -130,6 +149,8 @@ def register() -> None:
     """Registers the autograd formulas (once, at import of mok)."""
     torch.library.register_autograd("mok::fused_forward", _fused_forward_backward,
                                     setup_context=_setup_fused_forward)
+    torch.library.register_autograd("mok::fused_forward_train", _fused_forward_train_backward,
+                                    setup_context=_setup_fused_forward_train)
     torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_context=_setup_grouped_mm)
     for name in ("grouped_mm_swiglu", "process_world_run"):
         torch.library.register_autograd("mok::" + name, _backward_unavailable("mok." + name),

@@ -121,16 +121,64 @@ def routed_schedule(expert_ids: torch.Tensor, num_experts: int) -> Schedule:
                     offsets.to(torch.int32), (offsets[1:] - offsets[:-1]).to(torch.int32))
 
 
-def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype):
+class SavedForward(NamedTuple):
+    """What the forward's training mode (save) kept, per rank of the virtual
+    world (torch.ops.mok.fused_forward_train's outputs after `out`)."""
+    preact: list          # bf16 [saved rows, 2I]: [gate | up] of each schedule row
+    shared_preact: list   # bf16 [T_r, 2S]
+    expert_rows: list     # int32 [E/R]
+    expert_offset: list   # int32 [E/R + 1]: padded starts; the last, the schedule's padded length
+    schedule_rows: list   # int32 [saved rows, 3]: home (rank, token, slot); rank -1 for padding
+
+
+def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule:
+    """The forward's own schedule (every rank's, concatenated: rank r's rows at
+    r * saved rows) as a Schedule of the grouped kernels: its padded groups,
+    and for padding rows and the unused tail of each rank's rows, token 0 and
+    the dummy entry T k (they belong to no group, so nothing reads what they
+    gather). No host synchronisation."""
+    R = len(saved.schedule_rows)
+    cap = saved.schedule_rows[0].shape[0]
+    El = saved.expert_rows[0].shape[0]
+    device = saved.schedule_rows[0].device
+    T = sum(tokens_per_rank)
+    rows = torch.cat(list(saved.schedule_rows)).long()
+    home, token, slot = rows.unbind(1)
+    # The home rank's first global token, from Python ints (no torch.tensor of
+    # a list: under torch.compile this code is traced with fake tensors).
+    first_of_home = torch.zeros_like(token)
+    first = 0
+    for r, count in enumerate(tokens_per_rank):
+        first_of_home = first_of_home + (home == r).long() * first
+        first += int(count)
+    in_schedule = torch.cat([torch.arange(cap, device=device) < offsets[El].long() for offsets in saved.expert_offset])
+    real = in_schedule & (home >= 0)
+    token_of_row = torch.where(real, first_of_home + token, torch.zeros_like(token))
+    entry_of_row = torch.where(real, token_of_row * top_k + slot, torch.full_like(token, T * top_k))
+    # Each real entry has exactly one row; the dummy entry takes every other
+    # row (whichever lands there is never read).
+    row_of_entry = torch.zeros(T * top_k + 1, dtype=torch.long, device=device)
+    row_of_entry.index_put_((entry_of_row,), torch.arange(R * cap, device=device))
+    group_offset = torch.cat([offsets[:El] + r * cap for r, offsets in enumerate(saved.expert_offset)]
+                             + [saved.expert_offset[-1][El:] + (R - 1) * cap]).to(torch.int32)
+    group_rows = torch.cat(list(saved.expert_rows)).to(torch.int32)
+    return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset, group_rows)
+
+
+def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype,
+            schedule: Schedule | None = None, preact: torch.Tensor | None = None):
     """(slot_rows int32 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
     dw13, dw2): dx_rows[slot_rows[t, j]] is slot j's part of dx[t]."""
     T, k = expert_ids.shape
     E = w13.shape[0]
-    s = routed_schedule(expert_ids, E)
+    s = routed_schedule(expert_ids, E) if schedule is None else schedule
     x_rows = x.index_select(0, s.token_of_row)
     dout_rows = dout.index_select(0, s.token_of_row)
-    w_rows = weights.reshape(-1).index_select(0, s.entry_of_row).float().contiguous()
-    preact = ops.grouped_mm(x_rows, w13, s.group_offset, s.group_rows)
+    # One more weight, for the saved schedule's dummy entry (padding rows).
+    flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
+    w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
+    if preact is None:  # recompute mode
+        preact = ops.grouped_mm(x_rows, w13, s.group_offset, s.group_rows)
     d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, s.group_offset, s.group_rows)
     slot_rows = dx_rows = dweights = dw13 = dw2 = None
     if needs.x:
@@ -145,14 +193,16 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     return slot_rows, dx_rows, dweights, dw13, dw2
 
 
-def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad_dtype):
+def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad_dtype,
+            preact: torch.Tensor | None = None):
     """(dx_shared bf16 [T, H] | None, dshared_w13, dshared_w2): one group of every token, weight 1."""
     T = x.shape[0]
     # Factory ops, not torch.tensor(list): under torch.compile these must be fake tensors too.
     group_offset = torch.arange(2, dtype=torch.int32, device=x.device) * T  # [0, T]
     group_rows = torch.full((1,), T, dtype=torch.int32, device=x.device)
     w13, w2 = shared_w13.unsqueeze(0), shared_w2.unsqueeze(0)  # one group: [1, 2S, H], [1, H, S]
-    preact = ops.grouped_mm(x, w13, group_offset, group_rows)
+    if preact is None:  # recompute mode
+        preact = ops.grouped_mm(x, w13, group_offset, group_rows)
     d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
     dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
     dw13 = ops.weight_grad_mm(d13, x, group_offset, group_rows, 1, grad_dtype)[0] if needs.shared_w13 else None
@@ -162,13 +212,17 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
 
 def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                    needs: Needs = Needs(), ops: BackwardOps | None = None,
-                   grad_dtype: torch.dtype | None = None) -> LayerGrads:
+                   grad_dtype: torch.dtype | None = None, saved: SavedForward | None = None,
+                   tokens_per_rank=None) -> LayerGrads:
     """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
     rank holding every token and every expert (global ids index w13 [E, 2I, H]
     and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
     ops: the kernels (None: ops_for(x.device)). grad_dtype: the weight
     gradients' dtype (None: fp32; bf16: the fp32 sums rounded once, as a bf16
-    weight's gradient is)."""
+    weight's gradient is). saved: what the forward's training mode kept (save
+    mode: its schedule and pre-activations are used, nothing is recomputed),
+    with tokens_per_rank the ranks' token counts (x is their concatenation);
+    None: recompute mode."""
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
     dout = dout.to(x.dtype).contiguous()
@@ -176,9 +230,18 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     routed = needs.x or needs.weights or needs.w13 or needs.w2
     slot_rows = dx_rows = dweights = dw13 = dw2 = dx_shared = dsw13 = dsw2 = None
     if routed:
-        slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops, grad_dtype)
+        schedule = preact = None
+        if saved is not None:
+            schedule = saved_schedule(saved, tokens_per_rank or [T], expert_ids.shape[1])
+            preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
+        slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops,
+                                                          grad_dtype, schedule, preact)
     if has_shared and (needs.x or needs.shared_w13 or needs.shared_w2):
-        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype)
+        shared_preact = None
+        if saved is not None:
+            shared_preact = torch.cat(list(saved.shared_preact)) if len(saved.shared_preact) > 1 else \
+                saved.shared_preact[0]
+        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype, shared_preact)
     dx = None
     if needs.x:
         # The forward's combine order: shared part, then slots 0..k-1, in fp32,
@@ -187,5 +250,5 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
 
 
-__all__ = ["BackwardOps", "LayerGrads", "Needs", "Schedule", "has_kernel_ops", "kernel_ops", "layer_backward",
+__all__ = ["BackwardOps", "LayerGrads", "Needs", "SavedForward", "Schedule", "saved_schedule", "has_kernel_ops", "kernel_ops", "layer_backward",
            "ops_for", "routed_schedule"]

@@ -197,6 +197,63 @@ def reference_layer_grads(x, ids, w, w13, w2, shared_w13, shared_w2, dout):
     return tuple(None if t is None else t.grad for t in leaves)
 
 
+def reference_forward_train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tile_rows=128,
+                            garbage=True):
+    """What torch.ops.mok.fused_forward_train returns, in fp32 torch (per-rank
+    lists as its arguments): the output, and per rank the schedule the kernel
+    builds -- its local experts in order, each expert's (token, slot) entries
+    in global token order, padded to `tile_rows` -- with the [gate | up]
+    pre-activations of each schedule row (reference_grouped_mm: the kernel's
+    rounding), the shared expert's by token, and the schedule tables.
+    garbage=True fills what the kernel leaves unwritten (padding rows, the tail
+    past the schedule) with NaN and nonsense, so a reader of it shows."""
+    R, k = len(x), expert_ids[0].shape[1]
+    El = num_experts // R
+    T = sum(t.shape[0] for t in x)
+    cap = T * k + El * (tile_rows - 1)
+    I = w2[0].shape[2]
+    all_x, all_ids = torch.cat(list(x)), torch.cat(list(expert_ids)).long()
+    home_of = torch.cat([torch.full((t.shape[0],), r, dtype=torch.long) for r, t in enumerate(x)])
+    local_of = torch.cat([torch.arange(t.shape[0]) for t in x])
+    out = reference_forward(all_x, all_ids, torch.cat(list(weights)), torch.cat(list(w13)), torch.cat(list(w2)),
+                            shared_w13, shared_w2).bfloat16()
+    outs = [part.clone() for part in out.split([t.shape[0] for t in x])]
+    kept = ([], [], [], [], [])
+    g = torch.Generator().manual_seed(7)
+    for r in range(R):
+        rows = torch.randint(0, 1000, (cap, 3), generator=g, dtype=torch.int32) if garbage else \
+            torch.full((cap, 3), -1, dtype=torch.int32)
+        counts, offsets, at = [], [0], 0
+        for e in range(r * El, (r + 1) * El):
+            tokens, slots = (all_ids == e).nonzero(as_tuple=True)  # row-major: global token order
+            n = tokens.numel()
+            rows[at:at + n, 0] = home_of[tokens].int()
+            rows[at:at + n, 1] = local_of[tokens].int()
+            rows[at:at + n, 2] = slots.int()
+            padded = (n + tile_rows - 1) // tile_rows * tile_rows
+            rows[at + n:at + padded] = -1
+            counts.append(n)
+            at += padded
+            offsets.append(at)
+        expert_rows, expert_offset = torch.tensor(counts, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int32)
+        real = torch.arange(cap) < at
+        real &= rows[:, 0] >= 0
+        tokens_of_rows = torch.where(real, sum((rows[:, 0].long() == h).long() * sum(t.shape[0] for t in x[:h])
+                                               for h in range(R)) + rows[:, 1].long(), 0)
+        preact = reference_grouped_mm(all_x[tokens_of_rows], w13[r], expert_offset, expert_rows)
+        if garbage:
+            preact[~real] = float("nan")
+        S = 0 if shared_w13 is None else shared_w2.shape[1]
+        shared = torch.full((x[r].shape[0], 2 * S), float("nan"), dtype=torch.bfloat16)
+        if S:
+            shared = reference_grouped_mm(x[r], shared_w13.unsqueeze(0), torch.tensor([0, x[r].shape[0]]),
+                                          torch.tensor([x[r].shape[0]]))
+        for lst, t in zip(kept, (preact, shared, expert_rows, expert_offset, rows)):
+            lst.append(t)
+    del I
+    return (outs,) + kept
+
+
 @contextlib.contextmanager
 def cpu_reference_forward():
     """Within it, mok::fused_forward's CPU kernel (which refuses) is replaced
@@ -215,6 +272,11 @@ def cpu_reference_forward():
         with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
             warnings.simplefilter("ignore")
             library.impl("fused_forward", forward, "CPU")
+
+            def train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                      check_errors=False):
+                return reference_forward_train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts)
+            library.impl("fused_forward_train", train, "CPU")
         yield
     finally:
         library._destroy()  # how torch.library._scoped_library unregisters

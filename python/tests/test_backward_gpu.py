@@ -142,13 +142,13 @@ def test_weight_grad_bits_do_not_depend_on_where_the_group_sits():
     assert _same_bits(moved[2], alone[0])
 
 
-def _fused_grads(layer, world, dout):
+def _fused_grads(layer, world, dout, save=False):
     xs, ids, ws, w13s, w2s, sw13, sw2 = split_world(layer, world)
     for t in xs + ws + w13s + w2s:
         t.requires_grad_()
     shared = [t.clone().requires_grad_() for t in (sw13, sw2)] if sw13 is not None else [None, None]
     outs = mok.fused_forward(xs, ids, ws, w13s, w2s, *shared, num_experts=w13s[0].shape[0] * world,
-                             check_errors=True)
+                             check_errors=True, save_activations=save)
     torch.cat(outs).backward(dout)
     return tuple(torch.cat([t.grad for t in group]) for group in (xs, ws, w13s, w2s)) + tuple(
         None if t is None else t.grad for t in shared)
@@ -173,6 +173,19 @@ def test_fused_forward_backward_matches_fp32_autograd_and_every_world(shared):
     for other in (grads[2], grads[4], again):
         for name, a, b in zip(NAMES, grads[1], other):
             assert (a is None and b is None) or _same_bits(a, b), name
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_save_mode_gives_recompute_modes_bits(world):
+    # The training kernel keeps the gate/up accumulators h comes from, which
+    # are the bits the grouped GEMM recomputes: every gradient must match.
+    T, H, I, E, K = 256, 256, 128, 8, 2
+    layer = random_global_layer(T, H, I, E, K, 128, seed=17, device="cuda")
+    dout = _rand(T, H, seed=18)
+    recompute = _fused_grads(layer, world, dout)
+    save = _fused_grads(layer, world, dout, save=True)
+    for name, a, b in zip(NAMES, recompute, save):
+        assert _same_bits(a, b), name
 
 
 def test_fused_forward_backward_with_empty_experts_and_top1():

@@ -103,6 +103,14 @@ FusedForward::~FusedForward() = default;
 
 size_t FusedForward::pass_state_bytes() const { return state_->state.pass_state.bytes; }
 int64_t FusedForward::saved_rows() const { return world::schedule_row_capacity(state_->state.config, state_->state.kernel); }
+int64_t FusedForward::saved_rows_for(const LayerConfig& config) {
+  return world::schedule_row_capacity(config, world::fused_kernel_facts());
+}
+FusedForward::PassStateRegions FusedForward::pass_state_regions() const {
+  const world::PassStateLayout& L = state_->state.pass_state;
+  static_assert(sizeof(RowSource) == 3 * sizeof(int32_t), "a schedule row is (rank, token, slot) as int32");
+  return {L.expert_rows.offset, L.expert_offset.offset, L.rows.offset};
+}
 const LayerConfig& FusedForward::config() const { return state_->state.config; }
 const FusedForwardOptions& FusedForward::options() const { return state_->state.options; }
 

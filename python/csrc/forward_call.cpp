@@ -1,0 +1,82 @@
+#include "forward_call.hpp"
+
+#include <string>
+
+#include "forward_tensors.hpp"
+#include "op_checks.hpp"
+#include "tuning_options.hpp"
+
+namespace mok::torch_ops {
+
+ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
+                                    at::TensorList w13, at::TensorList w2,
+                                    const std::optional<at::Tensor>& shared_w13,
+                                    const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
+                                    at::IntArrayRef tuning) {
+  const int64_t R = static_cast<int64_t>(x.size());
+  expect(R >= 1, "x must hold one tensor per rank (got an empty list)");
+  expect(static_cast<int64_t>(expert_ids.size()) == R && static_cast<int64_t>(weights.size()) == R &&
+             static_cast<int64_t>(w13.size()) == R && static_cast<int64_t>(w2.size()) == R,
+         "x, expert_ids, weights, w13 and w2 must each hold " + num(R) + " tensors (one per rank)");
+  expect(num_experts >= R && num_experts % R == 0,
+         "num_experts = " + num(num_experts) + " must be a positive multiple of the world size R = " + num(R));
+
+  ForwardCall call;
+  call.device = x[0].device();
+  expect_cuda(call.device, "x[0]");
+  check_tensor(x[0], "x[0]", kActivations, call.device);
+  check_tensor(expert_ids[0], "expert_ids[0]", kExpertIds, call.device);
+  check_tensor(w2[0], "w2[0]", kExpertWeights, call.device);
+  const int64_t H = x[0].size(1), k = expert_ids[0].size(1), I = w2[0].size(2), El = num_experts / R;
+
+  mok::LayerConfig& config = call.config;
+  config.hidden = checked_int(H, "H (x[0].size(1))");
+  config.intermediate = checked_int(I, "I (w2[0].size(2))");
+  config.num_experts = checked_int(num_experts, "num_experts");
+  config.top_k = checked_int(k, "k (expert_ids[0].size(1))");
+  config.world_size = checked_int(R, "the world size (len(x))");
+
+  call.has_shared = shared_w13.has_value() && shared_w13->defined();
+  expect(call.has_shared == (shared_w2.has_value() && shared_w2->defined()),
+         "give both shared_w13 and shared_w2, or neither");
+  if (call.has_shared) {
+    check_tensor(*shared_w13, "shared_w13", kSharedWeights, call.device);
+    check_tensor(*shared_w2, "shared_w2", kSharedWeights, call.device);
+    const int64_t S = shared_w2->size(1);
+    check_shape(*shared_w13, "shared_w13", {2 * S, H}, "[2S, H]");
+    check_shape(*shared_w2, "shared_w2", {H, S}, "[H, S]");
+    config.num_shared_experts = 1;
+    config.shared_intermediate = checked_int(S, "S (shared_w2.size(1))");
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    std::string at = "[";  // appended, not "[" + ... + "]": GCC 12 warns falsely (-Wrestrict) on that
+    at += num(r);
+    at += "]";
+    check_tensor(x[r], "x" + at, kActivations, call.device);
+    check_tensor(expert_ids[r], "expert_ids" + at, kExpertIds, call.device);
+    check_tensor(weights[r], "weights" + at, kRoutingWeights, call.device);
+    check_tensor(w13[r], "w13" + at, kExpertWeights, call.device);
+    check_tensor(w2[r], "w2" + at, kExpertWeights, call.device);
+    const int64_t T = x[r].size(0);
+    check_shape(x[r], "x" + at, {T, H}, "[T, H]");
+    check_shape(expert_ids[r], "expert_ids" + at, {T, k}, "[T, k]");
+    check_shape(weights[r], "weights" + at, {T, k}, "[T, k]");
+    check_shape(w13[r], "w13" + at, {El, 2 * I, H}, "[E/R, 2I, H]");
+    check_shape(w2[r], "w2" + at, {El, H, I}, "[E/R, H, I]");
+    config.tokens_per_rank.push_back(checked_int(T, "T (x" + at + ".size(0))"));
+  }
+
+  ForwardKey& key = call.key;
+  key.tokens_per_rank = config.tokens_per_rank;
+  key.hidden = config.hidden;
+  key.intermediate = config.intermediate;
+  key.num_experts = config.num_experts;
+  key.top_k = config.top_k;
+  key.shared_width = config.shared_width();
+  key.device = call.device.is_cuda() ? call.device.index() : -1;
+  key.tuning = tuning_values(tuning);
+  forward_options(key.tuning);  // refuses values that do not fit an int, before launch
+  return call;
+}
+
+}  // namespace mok::torch_ops

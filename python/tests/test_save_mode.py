@@ -1,0 +1,91 @@
+"""Save mode of the staged backward: the forward's training op keeps its
+schedule and the gate/up pre-activations, and the backward reads them instead
+of recomputing (mok.fused_forward(..., save_activations=True)). CPU: the op is
+replaced by mok.testing.reference_forward_train (the kernel's schedule and
+rounding, with NaN and nonsense wherever the kernel writes nothing), the
+kernels by their fp32 references; the gradients must equal recompute mode's."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mok = pytest.importorskip("mok")
+if not hasattr(torch.ops.mok, "fused_forward_train"):
+    pytest.skip("the loaded library predates fused_forward_train", allow_module_level=True)
+
+from mok import staged_backward  # noqa: E402
+from mok.testing import (cpu_reference_forward, random_global_layer, reference_forward_train,  # noqa: E402
+                         reference_ops, split_world)
+
+CASES = {
+    "shared, R=1": dict(T=40, H=64, I=64, E=4, k=2, S=64, R=1),
+    "no shared, top-1, R=2": dict(T=33, H=64, I=128, E=6, k=1, S=0, R=2),
+    "empty experts, R=2": dict(T=5, H=64, I=64, E=8, k=2, S=64, R=2),
+}
+
+
+def _grads(case, save):
+    layer = random_global_layer(case["T"], case["H"], case["I"], case["E"], case["k"], case["S"], seed=3)
+    args = split_world(layer, case["R"])
+    xs, ids, ws, w13s, w2s, sw13, sw2 = args
+    leaves = [t.clone().requires_grad_(True) for t in xs + ws + w13s + w2s]
+    R = case["R"]
+    x, w, w13, w2 = leaves[:R], leaves[R:2 * R], leaves[2 * R:3 * R], leaves[3 * R:]
+    shared = [t.clone().requires_grad_(True) for t in (sw13, sw2)] if sw13 is not None else [None, None]
+    with cpu_reference_forward():
+        out = mok.fused_forward(x, ids, w, w13, w2, *shared, num_experts=case["E"], save_activations=save)
+        dout = [torch.randn(t.shape, generator=torch.Generator().manual_seed(5)).bfloat16() for t in out]
+        inputs = [t for t in leaves + shared if t is not None]
+        return out, torch.autograd.grad(out, inputs, dout)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_save_mode_gives_recompute_modes_gradients(name):
+    case = CASES[name]
+    out_r, grads_r = _grads(case, save=False)
+    out_s, grads_s = _grads(case, save=True)
+    for a, b in zip(out_r, out_s):
+        assert torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(grads_r, grads_s)):
+        assert torch.isfinite(b).all(), f"input {i}: a NaN the kernel leaves in unwritten rows was read"
+        # Same rows, same groups: the reference ops give the same bits.
+        assert torch.equal(a, b), f"input {i}: save mode differs from recompute mode by {(a - b).abs().max()}"
+
+
+def test_saved_schedule_masks_padding_and_the_unused_tail():
+    layer = random_global_layer(20, 64, 64, 4, 2, 0, seed=4)
+    xs, ids, ws, w13s, w2s, sw13, sw2 = split_world(layer, 2)
+    kept = reference_forward_train(xs, ids, ws, w13s, w2s, sw13, sw2, 4)[1:]
+    saved = staged_backward.SavedForward(*kept)
+    s = staged_backward.saved_schedule(saved, [t.shape[0] for t in xs], 2)
+    recomputed = staged_backward.routed_schedule(torch.cat(ids), 4)
+    T, k = 20, 2
+    # Every (token, slot) entry lands on one row holding that entry.
+    assert torch.equal(s.entry_of_row[s.row_of_entry], torch.arange(T * k))
+    assert torch.equal(s.group_rows, recomputed.group_rows)
+    # Rows outside the groups point at the dummy entry.
+    in_group = torch.zeros(s.entry_of_row.numel(), dtype=torch.bool)
+    for g in range(4):
+        first = int(s.group_offset[g])
+        in_group[first:first + int(s.group_rows[g])] = True
+    assert (s.entry_of_row[~in_group] == T * k).all()
+    assert (s.entry_of_row[in_group] < T * k).all()
+
+
+def test_the_training_op_has_a_fake_kernel_of_the_right_shapes():
+    T, H, I, E, k, S = 16, 64, 64, 4, 2, 64
+    meta = dict(device="meta")
+    x = [torch.empty(T, H, dtype=torch.bfloat16, **meta)]
+    ids = [torch.empty(T, k, dtype=torch.int32, **meta)]
+    w = [torch.empty(T, k, dtype=torch.float32, **meta)]
+    w13 = [torch.empty(E, 2 * I, H, dtype=torch.bfloat16, **meta)]
+    w2 = [torch.empty(E, H, I, dtype=torch.bfloat16, **meta)]
+    sw13 = torch.empty(2 * S, H, dtype=torch.bfloat16, **meta)
+    sw2 = torch.empty(H, S, dtype=torch.bfloat16, **meta)
+    out, preact, shared, rows, offsets, schedule = torch.ops.mok.fused_forward_train(
+        x, ids, w, w13, w2, sw13, sw2, E, [0] * len(mok.TUNING_OPTIONS))
+    capacity = T * k + E * 127
+    assert out[0].shape == (T, H)
+    assert preact[0].shape == (capacity, 2 * I) and preact[0].dtype == torch.bfloat16
+    assert shared[0].shape == (T, 2 * S)
+    assert rows[0].shape == (E,) and offsets[0].shape == (E + 1,) and schedule[0].shape == (capacity, 3)
