@@ -13,7 +13,7 @@ is the staged one (python/mok/staged_backward.py: mok's grouped GEMMs for the
 data and weight gradients, torch for the gathers and the combine); a
 per-kernel breakdown of one mok backward (torch.profiler) is printed too.
 
-usage: python3 bench/bench_backward.py [--quick] [--no-profile]
+usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save]
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def native_forward(layer):
     return torch_native(*layer)
 
 
-def mok_forward(layer):
+def mok_forward(layer, save=False):
     x, ids, w, w13, w2, sw13, sw2 = layer
-    return mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=w13.shape[0])[0]
+    return mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=w13.shape[0],
+                             save_activations=save)[0]
 
 
 def rel(a, b):
@@ -66,10 +67,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3 slice only")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
+    parser.add_argument("--save", action="store_true",
+                        help="save mode: the forward keeps gate/up, the backward does not recompute it")
     args = parser.parse_args()
     torch.manual_seed(0)
     peak = dense_peak_tflops()
-    print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
+    print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s; mok in "
+          f"{'save' if args.save else 'recompute'} mode", flush=True)
     shapes = SHAPES[:1] if args.quick else SHAPES
     rows = []
     for name, T, H, I, E, k, shared in shapes:
@@ -81,7 +85,7 @@ def main():
             native_layer, native_inputs = leaves(base)
             mok_layer, mok_inputs = leaves(base)
             out_n = native_forward(native_layer)
-            out_m = mok_forward(mok_layer)
+            out_m = mok_forward(mok_layer, args.save)
             grads_n = torch.autograd.grad(out_n, native_inputs, dout, retain_graph=True)
             grads_m = torch.autograd.grad(out_m, mok_inputs, dout, retain_graph=True)
             errs = [rel(gm, gn) for gm, gn in zip(grads_m, grads_n)]
@@ -94,7 +98,7 @@ def main():
                 torch.autograd.grad(native_forward(native_layer), native_inputs, dout)
 
             def step_mok():
-                torch.autograd.grad(mok_forward(mok_layer), mok_inputs, dout)
+                torch.autograd.grad(mok_forward(mok_layer, args.save), mok_inputs, dout)
             tfb_n, tfb_m = paired_ms(step_native, step_mok)
             rows.append((label, tb_n, tb_m, tfb_n, tfb_m, fwd_flops))
             print(f"{label}: backward native {tb_n:.3f} ms, mok {tb_m:.3f} ms; "
