@@ -8,8 +8,10 @@
                      recomputing (mok.fused_forward(..., save_activations=True)).
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
   grouped_mm_swiglu, process_world_run
-                     no backward yet: backward raises a clear error instead of
-                     leaving gradients silently None.
+                     no backward of their own: backward raises a clear error
+                     instead of leaving gradients silently None. (The process
+                     world's layer, mok.distributed.FusedMoEWorld, has one:
+                     mok/ep_backward.py, through an autograd.Function.)
 
 Weight gradients reach autograd in the weights' dtype (bf16): the kernels
 accumulate in fp32 and the staged backward rounds once. A trainer that wants

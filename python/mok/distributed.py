@@ -134,11 +134,18 @@ class FusedMoEWorld:
         this rank's GPU. Enqueued on the current stream; bitwise identical to
         the virtual world (mok.fused_forward) on the same global batch.
         check_errors=True synchronises and raises on a failed pass.
+
+        Backward: the expert-parallel staged backward (mok/ep_backward.py:
+        rows to their experts' owners and back with all_to_all over the
+        group; the same bits as the virtual world's backward for dx, d weights
+        and each rank's dW13 / dW2). It is collective: every rank must run its
+        backward, in the same order relative to other collectives, with the
+        same inputs requiring grad. The shared expert's weight gradients are
+        this rank's part (a data-parallel reduction sums them).
         """
         if self._id == 0:
             raise RuntimeError("mok: this FusedMoEWorld is closed")
-        return torch.ops.mok.process_world_run(self._id, x, expert_ids, weights, w13, w2,
-                                               shared_w13, shared_w2, check_errors)
+        return _ProcessWorldLayer.apply(self, check_errors, x, expert_ids, weights, w13, w2, shared_w13, shared_w2)
 
     __call__ = forward
 
@@ -155,6 +162,33 @@ class FusedMoEWorld:
             torch.ops.mok.process_world_destroy(world_id)
         if error is not None:
             raise RuntimeError(error)
+
+
+class _ProcessWorldLayer(torch.autograd.Function):
+    """The process world's pass with the expert-parallel staged backward."""
+
+    @staticmethod
+    def forward(ctx, world, check_errors, x, expert_ids, weights, w13, w2, shared_w13, shared_w2):
+        ctx.group = world.group
+        ctx.save_for_backward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2)
+        return torch.ops.mok.process_world_run(world._id, x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
+                                               check_errors)
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .ep_backward import layer_backward_ep
+        from .staged_backward import Needs
+        x, expert_ids, weights, w13, w2, shared_w13, shared_w2 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        needs = Needs(x=need[2], weights=need[4], w13=need[5], w2=need[6], shared_w13=need[7], shared_w2=need[8])
+        grad_dtype = torch.bfloat16 if w13.dtype == torch.bfloat16 else None
+        g = layer_backward_ep(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, group=ctx.group,
+                              needs=needs, grad_dtype=grad_dtype)
+
+        def like(grad, ref):
+            return None if grad is None or ref is None else grad.to(ref.dtype)
+        return (None, None, like(g.dx, x), None, like(g.dweights, weights), like(g.dw13, w13), like(g.dw2, w2),
+                like(g.dshared_w13, shared_w13), like(g.dshared_w2, shared_w2))
 
 
 __all__ = ["FusedMoEWorld", "NO_MULTICAST_ENV", "apply_no_multicast_env"]

@@ -165,6 +165,21 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset, group_rows)
 
 
+def _routed_rows(dout_rows, x_rows, w_rows, w13, w2, group_offset, group_rows, needs: Needs, ops: BackwardOps,
+                 grad_dtype, preact: torch.Tensor | None = None):
+    """The grouped kernels on rows already in schedule order (each expert's
+    rows in global token order): (dx_rows | None, d w per row, dW13 | None,
+    dW2 | None). preact None: recompute mode."""
+    E = w13.shape[0]
+    if preact is None:  # recompute mode
+        preact = ops.grouped_mm(x_rows, w13, group_offset, group_rows)
+    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows)
+    dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
+    dw13 = ops.weight_grad_mm(d13, x_rows, group_offset, group_rows, E, grad_dtype) if needs.w13 else None
+    dw2 = ops.weight_grad_mm(dout_rows, hw, group_offset, group_rows, E, grad_dtype) if needs.w2 else None
+    return dx_rows, dscale, dw13, dw2
+
+
 def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype,
             schedule: Schedule | None = None, preact: torch.Tensor | None = None):
     """(slot_rows int32 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
@@ -177,19 +192,10 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     # One more weight, for the saved schedule's dummy entry (padding rows).
     flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
     w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
-    if preact is None:  # recompute mode
-        preact = ops.grouped_mm(x_rows, w13, s.group_offset, s.group_rows)
-    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, s.group_offset, s.group_rows)
-    slot_rows = dx_rows = dweights = dw13 = dw2 = None
-    if needs.x:
-        dx_rows = ops.grouped_mm_kn(d13, w13, s.group_offset, s.group_rows)
-        slot_rows = s.row_of_entry.view(T, k).to(torch.int32)
-    if needs.weights:
-        dweights = dscale.index_select(0, s.row_of_entry).view(T, k)
-    if needs.w13:
-        dw13 = ops.weight_grad_mm(d13, x_rows, s.group_offset, s.group_rows, E, grad_dtype)
-    if needs.w2:
-        dw2 = ops.weight_grad_mm(dout_rows, hw, s.group_offset, s.group_rows, E, grad_dtype)
+    dx_rows, dscale, dw13, dw2 = _routed_rows(dout_rows, x_rows, w_rows, w13, w2, s.group_offset, s.group_rows,
+                                              needs, ops, grad_dtype, preact)
+    slot_rows = s.row_of_entry.view(T, k).to(torch.int32) if needs.x else None
+    dweights = dscale.index_select(0, s.row_of_entry).view(T, k) if needs.weights else None
     return slot_rows, dx_rows, dweights, dw13, dw2
 
 
