@@ -1,7 +1,7 @@
 // The backward's building blocks as PyTorch custom ops (the staged backward,
 // python/mok/staged_backward.py, chains them; the fused backward will replace
-// the chain, docs/backward-design.md):
-//   mok::grouped_mm_kn        out = a . b[g] with b stored [G, K, N] (a data gradient: dx = dy . W)
+// the chain, docs/backward-design.md; grouped_mm_kn, the data gradient's
+// GEMM, is with grouped_mm in grouped_mm_ops.cpp):
 //   mok::swiglu_backward_mm   the data gradient through the down projection and SwiGLU
 //   mok::weight_grad_mm(_acc_) out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32
 // Tensors are checked here (op_checks.hpp); the engine then checks alignment
@@ -47,51 +47,6 @@ const TensorSpec kGradOut{at::kFloat, 3, /*aligned=*/true};
 
 CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
-}
-
-// ---- grouped_mm_kn: a [M, K], b [G, K, N] -> out [M, N] ------------------
-
-// Checks the arguments and returns N.
-int64_t check_mm_kn(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                    const at::Tensor& group_rows) {
-  expect(a.defined(), "a is undefined");
-  const at::Device device = a.device();
-  mok::torch_ops::expect_cuda(device, "a");
-  check_tensor(a, "a", kRows, device, "a is on");
-  check_tensor(b, "b", kWeights, device, "a is on");
-  expect(a.size(1) == b.size(1),
-         "a is [M, K] = " + shape_of(a) + " but b is [G, K, N] = " + shape_of(b) + ": K differs");
-  check_group_tables(group_offset, group_rows, b.size(0), device, "a is on");
-  checked_int(b.size(0), "the group count G (b.size(0))");
-  return b.size(2);
-}
-
-at::Tensor grouped_mm_kn(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                         const at::Tensor& group_rows) {
-  const int64_t n = check_mm_kn(a, b, group_offset, group_rows);
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::zeros({a.size(0), n}, a.options());
-  if (a.size(0) == 0) return out;
-  mok::GroupedGemmArgs args;
-  args.a = a.data_ptr();
-  args.b = b.data_ptr();
-  args.out = out.data_ptr();
-  args.group_offset = group_offset.data_ptr<int32_t>();
-  args.group_rows = group_rows.data_ptr<int32_t>();
-  args.num_groups = static_cast<int>(b.size(0));
-  args.m_total = a.size(0);
-  args.n = n;
-  args.k = a.size(1);
-  args.epilogue = mok::GemmEpilogue::kPlain;
-  args.b_layout = mok::WeightLayout::kKN;
-  mok::torch_ops::raising_torch_errors([&] { mok::grouped_gemm(args, current_stream(a.device())); });
-  return out;
-}
-
-at::Tensor grouped_mm_kn_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                              const at::Tensor& group_rows) {
-  const int64_t n = check_mm_kn(a, b, group_offset, group_rows);
-  return at::empty({a.size(0), n}, a.options());
 }
 
 // ---- swiglu_backward_mm ----------------------------------------------------
@@ -270,7 +225,6 @@ void weight_grad_mm_acc_meta(at::Tensor& out, const at::Tensor& a, const at::Ten
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
-  m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def(
       "swiglu_backward_mm(Tensor dout_rows, Tensor w2, Tensor preact, Tensor? row_scale, Tensor group_offset, "
       "Tensor group_rows) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
@@ -281,14 +235,12 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
-  m.impl("grouped_mm_kn", &grouped_mm_kn);
   m.impl("swiglu_backward_mm", &swiglu_backward_mm);
   m.impl("weight_grad_mm", &weight_grad_mm);
   m.impl("weight_grad_mm_acc_", &weight_grad_mm_acc);
 }
 
 TORCH_LIBRARY_IMPL(mok, Meta, m) {
-  m.impl("grouped_mm_kn", &grouped_mm_kn_meta);
   m.impl("swiglu_backward_mm", &swiglu_backward_mm_meta);
   m.impl("weight_grad_mm", &weight_grad_mm_meta);
   m.impl("weight_grad_mm_acc_", &weight_grad_mm_acc_meta);
@@ -296,7 +248,6 @@ TORCH_LIBRARY_IMPL(mok, Meta, m) {
 
 // CPU tensors reach the same checks, which refuse them by name.
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
-  m.impl("grouped_mm_kn", &grouped_mm_kn);
   m.impl("swiglu_backward_mm", &swiglu_backward_mm);
   m.impl("weight_grad_mm", &weight_grad_mm);
   m.impl("weight_grad_mm_acc_", &weight_grad_mm_acc);

@@ -1,4 +1,4 @@
-// torch.ops.mok.grouped_mm / grouped_mm_swiglu: the grouped GEMM engine as
+// torch.ops.mok.grouped_mm / grouped_mm_swiglu / grouped_mm_kn: the grouped GEMM engine as
 // PyTorch custom ops. Tensors are checked here (op_checks.hpp); the engine
 // then checks alignment and supported sizes (mok::Error, re-raised as a
 // c10::Error). Kernels: CUDA, Meta (shapes only, for fake tensors), CPU
@@ -26,9 +26,11 @@ const TensorSpec kOperandA{at::kBFloat16, 2, /*aligned=*/true};
 const TensorSpec kOperandB{at::kBFloat16, 3, /*aligned=*/true};
 const TensorSpec kGroupTable{at::kInt, 1};
 
-// Checks the arguments and returns the output's width n.
+// Checks the arguments and returns the output's width n. b is [G, N, K]
+// (kNK: nn.Linear's layout; SwiGLU: [G, 2N, K]) or [G, K, N] (kKN).
 int64_t check_arguments(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                        const at::Tensor& group_rows, mok::GemmEpilogue epilogue) {
+                        const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
+                        mok::WeightLayout layout = mok::WeightLayout::kNK) {
   expect(a.defined(), "a is undefined");
   const at::Device device = a.device();
   mok::torch_ops::expect_cuda(device, "a");
@@ -38,22 +40,27 @@ int64_t check_arguments(const at::Tensor& a, const at::Tensor& b, const at::Tens
   check_tensor(group_rows, "group_rows", kGroupTable, device, "a is on");
   const int64_t groups = b.size(0);
   const bool swiglu = epilogue == mok::GemmEpilogue::kSwiGLU;
-  expect(a.size(1) == b.size(2),
-         "a is [M, K] = " + shape_of(a) + " but b is [G, N, K] = " + shape_of(b) + ": K differs");
+  const bool kn = layout == mok::WeightLayout::kKN;
+  expect(a.size(1) == b.size(kn ? 1 : 2), "a is [M, K] = " + shape_of(a) + " but b is " +
+                                              (kn ? "[G, K, N] = " : "[G, N, K] = ") + shape_of(b) + ": K differs");
   expect(!swiglu || b.size(1) % 2 == 0, "w13 must be [G, 2N, K] (gate rows then up rows); got " + shape_of(b));
   expect(group_rows.size(0) == groups,
          "group_rows must have G = " + num(groups) + " entries (got " + num(group_rows.size(0)) + ")");
   expect(group_offset.size(0) == groups + 1,
          "group_offset must have G + 1 = " + num(groups + 1) + " entries (got " + num(group_offset.size(0)) + ")");
   mok::torch_ops::checked_int(groups, "the group count G (b.size(0))");
-  return swiglu ? b.size(1) / 2 : b.size(1);
+  return kn ? b.size(2) : swiglu ? b.size(1) / 2 : b.size(1);
 }
 
+// kKN outputs are zeros on rows no group owns (they are data gradients,
+// whose padding rows a caller may sum); the forward's outputs leave them.
 at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-               const at::Tensor& group_rows, mok::GemmEpilogue epilogue) {
-  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue);
+               const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
+               mok::WeightLayout layout = mok::WeightLayout::kNK) {
+  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({a.size(0), n}, a.options());
+  at::Tensor out = layout == mok::WeightLayout::kKN ? at::zeros({a.size(0), n}, a.options())
+                                                     : at::empty({a.size(0), n}, a.options());
   if (a.size(0) == 0) return out;
   mok::GroupedGemmArgs args;
   args.a = a.data_ptr();
@@ -66,14 +73,16 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   args.n = n;
   args.k = a.size(1);
   args.epilogue = epilogue;
+  args.b_layout = layout;
   mok::torch_ops::raising_torch_errors(
       [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()); });
   return out;
 }
 
 at::Tensor meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                const at::Tensor& group_rows, mok::GemmEpilogue epilogue) {
-  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue);
+                const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
+                mok::WeightLayout layout = mok::WeightLayout::kNK) {
+  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
   return at::empty({a.size(0), n}, a.options());
 }
 
@@ -85,6 +94,17 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 at::Tensor grouped_mm_swiglu(const at::Tensor& a, const at::Tensor& w13, const at::Tensor& group_offset,
                              const at::Tensor& group_rows) {
   return run(a, w13, group_offset, group_rows, mok::GemmEpilogue::kSwiGLU);
+}
+
+// b [G, K, N]: a data gradient's weights as stored (dx = dy . W).
+at::Tensor grouped_mm_kn(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
+                         const at::Tensor& group_rows) {
+  return run(a, b, group_offset, group_rows, mok::GemmEpilogue::kPlain, mok::WeightLayout::kKN);
+}
+
+at::Tensor grouped_mm_kn_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
+                              const at::Tensor& group_rows) {
+  return meta(a, b, group_offset, group_rows, mok::GemmEpilogue::kPlain, mok::WeightLayout::kKN);
 }
 
 at::Tensor grouped_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
@@ -102,20 +122,24 @@ at::Tensor grouped_mm_swiglu_meta(const at::Tensor& a, const at::Tensor& w13, co
 TORCH_LIBRARY(mok, m) {
   m.def("grouped_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def("grouped_mm_swiglu(Tensor a, Tensor w13, Tensor group_offset, Tensor group_rows) -> Tensor");
+  m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
+  m.impl("grouped_mm_kn", &grouped_mm_kn);
 }
 
 TORCH_LIBRARY_IMPL(mok, Meta, m) {
   m.impl("grouped_mm", &grouped_mm_meta);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu_meta);
+  m.impl("grouped_mm_kn", &grouped_mm_kn_meta);
 }
 
 // CPU tensors reach the same checks, which refuse them by name.
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
+  m.impl("grouped_mm_kn", &grouped_mm_kn);
 }
