@@ -40,23 +40,27 @@ from .options import tuning_list
 
 BACKEND_NAME = "mok"
 
-_settings: dict = {"check_errors": False, "tuning": {}}
+_settings: dict = {"check_errors": False, "save_activations": False, "tuning": {}}
 # Where the kernel's tensors may live. meta: what torch.compile traces with
 # off the GPU (the op's Meta kernel runs the same checks as the CUDA one).
 _DEVICE_TYPES = ("cuda", "meta")
 
 
-def register(name: str = BACKEND_NAME, *, check_errors: bool = False, **tuning) -> str:
+def register(name: str = BACKEND_NAME, *, check_errors: bool = False, save_activations: bool = False,
+             **tuning) -> str:
     """Adds mok to transformers' ExpertsInterface under `name` (returned).
 
     check_errors: synchronise after every layer and raise on a stalled pass or
-    a bad expert id. Keyword tuning options (mok.TUNING_OPTIONS) go to
+    a bad expert id. save_activations: the backward's save mode (the forward
+    keeps gate/up instead of the backward recomputing it; see
+    mok.fused_forward). Keyword tuning options (mok.TUNING_OPTIONS) go to
     mok.fused_forward for every layer. Registering again replaces the settings.
     """
     from transformers.integrations.moe import ExpertsInterface
 
     tuning_list(tuning)  # unknown names raise TypeError here, not at the first layer
     _settings["check_errors"] = bool(check_errors)
+    _settings["save_activations"] = bool(save_activations)
     _settings["tuning"] = dict(tuning)
     ExpertsInterface.register(name, experts_forward)
     return name
@@ -127,7 +131,9 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
     out = fused_forward([hidden_states.contiguous()], [top_k_index.to(torch.int32).contiguous()],
                         [top_k_weights.to(torch.float32).contiguous()], [self.gate_up_proj.contiguous()],
                         [self.down_proj.contiguous()], num_experts=self.gate_up_proj.shape[0],
-                        check_errors=_settings["check_errors"], **_settings["tuning"])[0]
+                        check_errors=_settings["check_errors"],
+                        save_activations=_settings["save_activations"] and torch.is_grad_enabled(),
+                        **_settings["tuning"])[0]
     return out
 
 

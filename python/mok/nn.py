@@ -102,13 +102,14 @@ class MoE(torch.nn.Module):
     same shape. Parameters: router.weight [E, H]; w13 [E, 2I, H] (gate rows,
     then up rows), w2 [E, H, I]; shared_w13 [2S, H], shared_w2 [H, S] (or None).
     hidden, intermediate and shared_intermediate must be multiples of 64.
-    Keyword tuning options (minibatch_rows, ring_slots, ...) go to
+    save_activations: the backward's save mode (see mok.fused_forward; only
+    while grad is enabled). Keyword tuning options (minibatch_rows, ring_slots, ...) go to
     mok.fused_forward unchanged.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
                  shared_intermediate: int = 0, router: TopKRouter | None = None, device=None,
-                 dtype: torch.dtype = torch.bfloat16, **tuning):
+                 dtype: torch.dtype = torch.bfloat16, save_activations: bool = False, **tuning):
         super().__init__()
         for name, value in (("hidden", hidden), ("intermediate", intermediate),
                             ("shared_intermediate", shared_intermediate)):
@@ -119,6 +120,7 @@ class MoE(torch.nn.Module):
             raise ValueError(f"dtype = {dtype}: the kernels take bf16 parameters")
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, num_experts, top_k
         self.tuning = tuning
+        self.save_activations = save_activations
         self.router = router if router is not None else TopKRouter(hidden, num_experts, top_k, device=device)
         if (self.router.hidden, self.router.num_experts, self.router.top_k) != (hidden, num_experts, top_k):
             raise ValueError("router: its hidden, num_experts and top_k must be the layer's")
@@ -142,7 +144,8 @@ class MoE(torch.nn.Module):
         tokens = x.reshape(-1, self.hidden).to(torch.bfloat16).contiguous()
         expert_ids, weights = self.router(tokens)
         out = fused_forward([tokens], [expert_ids], [weights], [self.w13], [self.w2], self.shared_w13,
-                            self.shared_w2, num_experts=self.num_experts, **self.tuning)[0]
+                            self.shared_w2, num_experts=self.num_experts,
+                            save_activations=self.save_activations and torch.is_grad_enabled(), **self.tuning)[0]
         return out.view(x.shape)
 
 

@@ -89,3 +89,18 @@ def test_the_training_op_has_a_fake_kernel_of_the_right_shapes():
     assert preact[0].shape == (capacity, 2 * I) and preact[0].dtype == torch.bfloat16
     assert shared[0].shape == (T, 2 * S)
     assert rows[0].shape == (E,) and offsets[0].shape == (E + 1,) and schedule[0].shape == (capacity, 3)
+
+
+def test_the_module_in_save_mode_trains_to_the_same_gradients():
+    from mok.nn import MoE
+    grads = {}
+    for save in (False, True):
+        torch.manual_seed(0)
+        moe = MoE(64, 64, 4, 2, shared_intermediate=64, save_activations=save)
+        x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(1)).bfloat16().requires_grad_()
+        with cpu_reference_forward():
+            out = moe(x)
+            out.float().square().sum().backward()
+        grads[save] = [x.grad] + [p.grad for p in moe.parameters()]
+    for a, b in zip(grads[False], grads[True]):
+        assert a is not None and torch.equal(a, b)
