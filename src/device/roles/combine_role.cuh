@@ -41,8 +41,8 @@ static_assert(kMaxTopK % kCombineBatch == 0);
 
 // `warp` and `warps` number the participating warps of this rank.
 // `tracer`: this warp stamps the trace for its CTA.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ bool combine(RoleContext<kScope, kTraining>& ctx, int warp, int warps, bool tracer) {
+template <class Ctx>
+__device__ __forceinline__ bool combine(Ctx& ctx, int warp, int warps, bool tracer) {
   const int lane = threadIdx.x % 32;
   const RankView& v = ctx.view();
   bool ok = true;
@@ -55,7 +55,7 @@ __device__ __forceinline__ bool combine(RoleContext<kScope, kTraining>& ctx, int
       ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.schedule_warps(), owner);
       if (!ok) break;
       const int32_t padded = static_cast<int32_t>(__ldcg(o.counters.schedule_rows));
-      RoleContext<kScope, kTraining> owner_ctx{ctx.params, owner, ctx.sync};
+      Ctx owner_ctx{ctx.params, owner, ctx.sync};
       ok = protocol::wait_down_done(ctx.sync, ctx.counters(), o.counters, owner_ctx.geometry(padded),
                                     ctx.rank, owner);
     }

@@ -27,8 +27,8 @@ struct DispatchShared {
 };
 
 // Lane 0 of a copy warp: copy `count` rows (by schedule row index) into the ring.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void copy_rows(RoleContext<kScope, kTraining>& ctx, DispatchShared& smem, int copy_warp,
+template <class Ctx>
+__device__ __forceinline__ void copy_rows(Ctx& ctx, DispatchShared& smem, int copy_warp,
                                           uint32_t& phases, const protocol::ForwardGeometry& g,
                                           int32_t m_tile) {
   const RankView& v = ctx.view();
@@ -78,8 +78,8 @@ __device__ __forceinline__ void copy_rows(RoleContext<kScope, kTraining>& ctx, D
 }
 
 // All threads of a dispatch CTA; `cta` = its index among the rank's dispatch CTAs.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ bool dispatch(RoleContext<kScope, kTraining>& ctx, DispatchShared& smem, int cta) {
+template <class Ctx>
+__device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= kCopyWarps) return true;  // the other warps go straight to the combine

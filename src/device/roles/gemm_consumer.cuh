@@ -69,9 +69,9 @@ __device__ __forceinline__ void store_task_output(const RankView& v, const Saved
 // Consumer warpgroup `consumer` (0 or 1). Returns at the end of the task list
 // (an aborted pass ends it early); a barrier stall never returns
 // (consumer_stall.cuh).
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void gemm_consumer(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem, int consumer) {
-  using Pass = typename RoleContext<kScope, kTraining>::Pass;
+template <class Ctx>
+__device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, int consumer) {
+  using Pass = typename Ctx::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const protocol::PassShape shape = ctx.shape();
@@ -130,7 +130,7 @@ __device__ __forceinline__ void gemm_consumer(RoleContext<kScope, kTraining>& ct
 
     if (!idle) {
       protocol::visit_kind<Pass>(task.kind, [&](auto K) {
-        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>, kTraining>(
+        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>, Ctx::kTraining>(
             v, ctx.params.saved[ctx.rank], smem, acc, consumer, task, task_slot, n_cols);
       });
     }

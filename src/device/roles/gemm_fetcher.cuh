@@ -26,9 +26,9 @@ __device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, i
 // the current task's loads instead of sitting between its last stage and the
 // next task's first. Ends the queue with a kNone task when the list is
 // exhausted or the pass aborts.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void gemm_fetcher(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem) {
-  using Pass = typename RoleContext<kScope, kTraining>::Pass;
+template <class Ctx>
+__device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
+  using Pass = typename Ctx::Pass;
   const RankView& v = ctx.view();
   const protocol::PassGeometry<Pass> token_geometry = ctx.geometry(0);
   // The prologue's tasks (token rows) need no schedule: every later ticket does.

@@ -10,9 +10,9 @@ namespace mok::device {
 // Producer thread: takes each task the fetcher queued (its inputs ready),
 // posts it to the consumers and streams its operands by TMA. Returns after
 // posting the fetcher's kNone.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void gemm_producer(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem) {
-  using Pass = typename RoleContext<kScope, kTraining>::Pass;
+template <class Ctx>
+__device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
+  using Pass = typename Ctx::Pass;
   const RankView& v = ctx.view();
   const CUtensorMap* maps = v.maps;
   const protocol::PassShape shape = ctx.shape();

@@ -13,9 +13,9 @@ namespace mok::device {
 // (token, slot) -- while the consumers run the mainloop, so their epilogue
 // does not wait on those loads. Every task gets a rows_ready arrival, so the
 // consumers' phases stay in step.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void gemm_row_resolver(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem) {
-  using Pass = typename RoleContext<kScope, kTraining>::Pass;
+template <class Ctx>
+__device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& smem) {
+  using Pass = typename Ctx::Pass;
   const RankView& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const int top_k = ctx.params.top_k;

@@ -10,9 +10,9 @@ namespace mok::device {
 // The signaler (one thread of the producer warpgroup): publishes each task
 // the consumers finished, in order, then frees its queue slot. Returns when
 // the consumers post the end of the task list.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ void gemm_signaler(RoleContext<kScope, kTraining>& ctx, FusedGemmShared& smem) {
-  using Pass = typename RoleContext<kScope, kTraining>::Pass;
+template <class Ctx>
+__device__ __forceinline__ void gemm_signaler(Ctx& ctx, FusedGemmShared& smem) {
+  using Pass = typename Ctx::Pass;
   const RankView& v = ctx.view();
   // Counter indices depend on the ring's shape only, never on the schedule's
   // length: the geometry without schedule rows serves every task.

@@ -33,8 +33,9 @@ __device__ __forceinline__ RowSource load_row_source(const RowSource* row) {
 // kTraining: the forward's training mode, which also keeps the gate/up
 // pre-activations where the caller asks (gemm_consumer.cuh); a separate
 // instantiation, so that the inference kernel's code is the same as without it.
-template <cuda::thread_scope kScope, bool kTraining_ = false>
+template <cuda::thread_scope kScope_, bool kTraining_ = false>
 struct RoleContext {
+  static constexpr cuda::thread_scope kScope = kScope_;
   // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
   using Pass = protocol::ForwardPass;
   static constexpr bool kTraining = kTraining_;

@@ -50,8 +50,8 @@ struct ScheduleShared {
 // A round covers 32 / k whole tokens (lane = token * k + slot), and a warp
 // issues kScheduleBatch rounds' loads together: validating is a stream of
 // loads, not one memory latency per token.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ bool validate_own_routing(RoleContext<kScope, kTraining>& ctx, int warp, int warps) {
+template <class Ctx>
+__device__ __forceinline__ bool validate_own_routing(Ctx& ctx, int warp, int warps) {
   const RankView& v = ctx.view();
   const int k = ctx.params.top_k;
   const int num_experts = ctx.params.num_local_experts * ctx.params.world_size;
@@ -104,8 +104,8 @@ __device__ __forceinline__ bool validate_own_routing(RoleContext<kScope, kTraini
 // Calls visit(home_rank, entry_index_on_that_rank, local_expert or -1) for the
 // entries of chunk `chunk`, 32 at a time (every lane calls it each round, with
 // entry -1 past the end), in global entry order.
-template <cuda::thread_scope kScope, bool kTraining, class Visit>
-__device__ __forceinline__ void for_each_chunk_entry(RoleContext<kScope, kTraining>& ctx, int chunk, int chunks,
+template <class Ctx, class Visit>
+__device__ __forceinline__ void for_each_chunk_entry(Ctx& ctx, int chunk, int chunks,
                                                      const Visit& visit) {
   const int lane = threadIdx.x % 32;
   const int k = ctx.params.top_k;
@@ -152,8 +152,8 @@ __device__ __forceinline__ void for_each_chunk_entry(RoleContext<kScope, kTraini
 
 // Run by every warp of the rank's dispatch CTAs (`warp` of `warps`); returns
 // false if the pass aborts.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ bool build_schedule(RoleContext<kScope, kTraining>& ctx, ScheduleShared& smem, int warp,
+template <class Ctx>
+__device__ __forceinline__ bool build_schedule(Ctx& ctx, ScheduleShared& smem, int warp,
                                                int warps) {
   const int lane = threadIdx.x % 32;
   const int El = ctx.params.num_local_experts;

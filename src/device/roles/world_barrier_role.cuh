@@ -15,17 +15,17 @@ namespace mok::device {
 
 // Barrier waits have their own bound: ranks of a process world start their
 // passes whenever their hosts get there, which may be far apart.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ protocol::DeviceSync<kScope> barrier_sync(const RoleContext<kScope, kTraining>& ctx) {
-  return protocol::DeviceSync<kScope>{ctx.params.barrier_timeout_ns};
+template <class Ctx>
+__device__ __forceinline__ protocol::DeviceSync<Ctx::kScope> barrier_sync(const Ctx& ctx) {
+  return protocol::DeviceSync<Ctx::kScope>{ctx.params.barrier_timeout_ns};
 }
 
 // Every thread of a CTA of the rank (`cta` = its index within the rank).
 // Returns false, for the whole CTA, if the barrier gave up: then no role may
 // run (a peer's inputs may not be there), and the caller goes straight to
 // world_finish.
-template <cuda::thread_scope kScope, bool kTraining>
-__device__ __forceinline__ bool world_start(RoleContext<kScope, kTraining>& ctx, int cta) {
+template <class Ctx>
+__device__ __forceinline__ bool world_start(Ctx& ctx, int cta) {
   if (ctx.params.epoch == 0) return true;
   bool ok = true;
   if (threadIdx.x == 0) {
