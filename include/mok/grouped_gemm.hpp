@@ -48,6 +48,13 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 namespace mok {
 
 enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2 };
+// Operand element type. kE4M3: block-scaled FP8 (include/mok/fp8.hpp): a and
+// b hold e4m3 bytes, a_scales ue8m0 [m_total, k / 128] (one per row and 128
+// of K), b_scales ue8m0 [G, n / 128, k / 128] (one per 128 x 128 block); the
+// plain epilogue and b as [G, n, k] only; k and n multiples of 128. Each
+// 128-deep block of K is summed by the tensor cores, then scaled and added to
+// an fp32 accumulator on the CUDA cores (gemm/fp8_mainloop.cuh).
+enum class GemmElement : int { kBF16 = 0, kE4M3 = 1 };
 // How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
 // (plain epilogue only; what a data gradient reads: dx = dy . W).
 enum class WeightLayout : int { kNK = 0, kKN = 1 };
@@ -65,6 +72,10 @@ struct GroupedGemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kPlain;
   WeightLayout b_layout = WeightLayout::kNK;
   // kSwiGLUBackward only (see above); out is then [m_total, 2n].
+  // kE4M3 only (see GemmElement).
+  GemmElement element = GemmElement::kBF16;
+  const uint8_t* a_scales = nullptr;   // ue8m0 [m_total, k / 128]
+  const uint8_t* b_scales = nullptr;   // ue8m0 [G, n / 128, k / 128]
   const void* preact = nullptr;        // bf16 [m_total, 2n]
   const float* row_scale = nullptr;    // fp32 [m_total]; null = every row's weight is 1
   void* scaled_act = nullptr;          // bf16 [m_total, n]; null = not written

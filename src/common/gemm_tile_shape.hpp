@@ -16,11 +16,15 @@ enum class EpilogueKind : int32_t {
   kWeightGrad = 3,      // fp32 tile of a weight gradient, stored or added to the caller's buffer
 };
 
-// Operand element type. Each type has its own wgmma instruction and K step;
-// bf16 is the one this build has (block-scaled e4m3 joins with the FP8 pass).
-enum class ElementType : int32_t { kBF16 = 0 };
+// Operand element type. Each type has its own wgmma instruction and K step:
+// bf16 (k16 per instruction, 64 per stage) and block-scaled e4m3 (k32 per
+// instruction, 128 per stage: one scale block of K per stage,
+// gemm/fp8_mainloop.cuh).
+enum class ElementType : int32_t { kBF16 = 0, kE4M3 = 1 };
 
-constexpr int32_t element_bytes(ElementType t) { return t == ElementType::kBF16 ? 2 : 0; }
+constexpr int32_t element_bytes(ElementType t) {
+  return t == ElementType::kBF16 ? 2 : t == ElementType::kE4M3 ? 1 : 0;
+}
 
 // Which dimension of an operand is contiguous in memory. kK: [rows, K] (A
 // rows, or B as nn.Linear stores weights, [N, K]); kMN: B as [K, N], the

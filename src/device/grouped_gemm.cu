@@ -33,6 +33,10 @@ using SwigluConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLU>;
 using PlainKNConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 // The SwiGLU backward reads W2 k-by-n ([H, I] as nn.Linear stores it) and
 // emits 256 columns of acc per tile (the parts of d w are per 256 columns).
+// Block-scaled FP8: 128 x 128 tiles (one B scale block per tile and stage),
+// 128 of K per stage, 6 stages (32 KB each); the promotion keeps a second set
+// of 64 accumulators, hence BN 128.
+using Fp8Config = GemmTileConfig<128, 128, 6, EpilogueKind::kPlain, mok::ElementType::kE4M3>;
 using SwigluBackwardConfig =
     GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLUBackward, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
@@ -73,12 +77,14 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   const cuuint64_t k = static_cast<cuuint64_t>(args.k);
   const cuuint64_t n = static_cast<cuuint64_t>(args.n);
   const cuuint64_t g = static_cast<cuuint64_t>(args.num_groups);
-  const cuuint64_t row_bytes = k * 2;
+  const cuuint64_t row_bytes = k * mok::element_bytes(Cfg::kElement);
+  constexpr CUtensorMapDataType kType = Cfg::kElement == mok::ElementType::kE4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(args.m_total)};
   const cuuint64_t a_strides[1] = {row_bytes};
   const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM};
-  const CUtensorMap a_map = encode_bf16_map("a", args.a, 2, a_dims, a_strides, a_box);
+  const CUtensorMap a_map = device::encode_operand_map("a", kType, args.a, 2, a_dims, a_strides, a_box);
 
   CUtensorMap b_map;
   if constexpr (Cfg::kBMajor == mok::OperandMajor::kMN) {
@@ -95,7 +101,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
     const cuuint64_t b_dims[3] = {k, n, g};
     const cuuint64_t b_strides[2] = {row_bytes, n * row_bytes};
     const cuuint32_t b_box[3] = {Cfg::kBlockK, Cfg::kBlockN, 1};
-    b_map = encode_bf16_map("b", args.b, 3, b_dims, b_strides, b_box);
+    b_map = device::encode_operand_map("b", kType, args.b, 3, b_dims, b_strides, b_box);
   }
 
   device::GroupedGemmParams params;
@@ -108,6 +114,11 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   params.k = static_cast<int>(args.k);
   params.band = args.raster_band > 0 ? args.raster_band : default_raster_band();
   params.swiglu_backward = {};
+  params.fp8 = {};
+  if constexpr (Cfg::kElement == mok::ElementType::kE4M3) {
+    params.fp8 = {args.a_scales, args.b_scales, static_cast<int32_t>(args.k / 128), static_cast<int32_t>(args.n / 128),
+                  static_cast<int32_t>(args.m_total)};
+  }
   if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
     params.swiglu_backward.preact = static_cast<const uint16_t*>(args.preact);
     params.swiglu_backward.row_scale = args.row_scale;
@@ -197,6 +208,18 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
   const int64_t weight_rows = args.epilogue == GemmEpilogue::kSwiGLU ? 2 * args.n : args.n;
   require(static_cast<int64_t>(args.num_groups) * weight_rows <= kInt32Max, "num_groups * weight rows",
           static_cast<int64_t>(args.num_groups) * weight_rows, "must be below 2^31");
+  if (args.element != GemmElement::kBF16 && args.element != GemmElement::kE4M3) {
+    throw Error("element = " + std::to_string(static_cast<int>(args.element)) + ": not a GemmElement");
+  }
+  if (args.element == GemmElement::kE4M3) {
+    if (args.epilogue != GemmEpilogue::kPlain || args.b_layout != WeightLayout::kNK) {
+      throw Error("element kE4M3: the plain epilogue with b as [G, n, k] only");
+    }
+    require(args.k % 128 == 0, "k", args.k, "must be a multiple of 128 with kE4M3 (one scale per 128 of K)");
+    require(args.n % 128 == 0, "n", args.n, "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks)");
+    require_pointer(args.a_scales, "a_scales", 1);
+    require_pointer(args.b_scales, "b_scales", 1);
+  }
   require_pointer(args.a, "a", 16);
   require_pointer(args.b, "b", 16);
   require_pointer(args.out, "out", 16);
@@ -207,7 +230,9 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
 void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   validate_grouped_gemm(args);
   if (args.m_total == 0) return;  // no rows: nothing to write
-  if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
+  if (args.element == GemmElement::kE4M3) {
+    launch<Fp8Config>(args, stream);
+  } else if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
     launch<SwigluBackwardConfig>(args, stream);
   } else if (args.epilogue == GemmEpilogue::kSwiGLU) {
     launch<SwigluConfig>(args, stream);

@@ -42,10 +42,10 @@ int hopper_sm_count(const char* who) {
   return cached.sms;
 }
 
-CUtensorMap encode_bf16_map(const char* what, const void* base, int rank, const cuuint64_t* dims,
-                            const cuuint64_t* byte_strides, const cuuint32_t* box) {
+CUtensorMap encode_operand_map(const char* what, CUtensorMapDataType type, const void* base, int rank,
+                               const cuuint64_t* dims, const cuuint64_t* byte_strides, const cuuint32_t* box) {
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), base,
+  return encode_tensor_map_tiled(what, type, static_cast<cuuint32_t>(rank), base,
                                  dims, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -18,9 +18,13 @@ void require_pointer(const void* p, const char* field, uintptr_t alignment);
 // (`who` names the caller in the message).
 int hopper_sm_count(const char* who);
 
-// A bf16 operand as a TMA tensor map: 128-byte swizzle, zero fill out of
-// bounds (the box's inner dimension is 64 elements, one swizzle row).
-CUtensorMap encode_bf16_map(const char* what, const void* base, int rank, const cuuint64_t* dims,
-                            const cuuint64_t* byte_strides, const cuuint32_t* box);
+// An operand as a TMA tensor map: 128-byte swizzle, zero fill out of bounds
+// (the box's inner dimension is one swizzle row: 64 bf16 or 128 e4m3).
+CUtensorMap encode_operand_map(const char* what, CUtensorMapDataType type, const void* base, int rank,
+                               const cuuint64_t* dims, const cuuint64_t* byte_strides, const cuuint32_t* box);
+inline CUtensorMap encode_bf16_map(const char* what, const void* base, int rank, const cuuint64_t* dims,
+                                   const cuuint64_t* byte_strides, const cuuint32_t* box) {
+  return encode_operand_map(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims, byte_strides, box);
+}
 
 }  // namespace mok::device

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "device/gemm/fp8_mainloop.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_epilogue_swiglu_backward.cuh"
@@ -29,6 +30,7 @@ struct GroupedGemmParams {
   int k;       // reduction length K
   int band;    // row tiles per raster band (sched/grouped_tiles.cuh)
   SwigluBackwardOutputs swiglu_backward;  // kSwiGLUBackward's extra inputs and outputs (out is unused)
+  Fp8Scales fp8;                          // e4m3 operands' scales
 };
 
 // Groups whose counts the kernel copies to shared memory (more: read from
@@ -101,7 +103,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[Cfg::kAccRegs];
     GemmTile tile;
     while (walker.next(tile)) {
-      mma_tile<Cfg>(smem, ring, consumer, k_blocks, acc);
+      if constexpr (Cfg::kElement == ElementType::kE4M3) {
+        mma_fp8_tile<Cfg>(smem, ring, consumer, tile, params.fp8, acc);
+      } else {
+        mma_tile<Cfg>(smem, ring, consumer, k_blocks, acc);
+      }
       if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
         store_swiglu_backward_tile<Cfg>(acc, consumer, tile, params.swiglu_backward);
       } else {

@@ -1,0 +1,90 @@
+// The block-scaled FP8 mainloop: e4m3 operands with power-of-two (ue8m0)
+// scales, one per 1 x 128 block of an A row and one per 128 x 128 block of
+// B (include/mok/fp8.hpp). A stage holds one 128-deep block of K, so each
+// stage's tensor-core partial sum is promoted to fp32 on the CUDA cores with
+// its two scales before the next one starts: Hopper's FP8 accumulator keeps
+// fewer bits than fp32, and a promotion every 128 of K bounds the loss (the
+// DeepSeek-V3 recipe).
+//
+// Per element and stage: part = sum over the stage's K of a * b (four
+// m64n128k32 wgmma, in order, the first overwriting), then
+//   acc = part * (sa * sb)                 first stage
+//   acc = fma_rn(part, sa * sb, acc)       later stages
+// sa * sb is an exact power of two, so the rescaling rounds nothing. The same
+// sequence for every element whatever the tile's place or the grid.
+#pragma once
+
+#include <cstdint>
+
+#include "device/gemm/tile_config.cuh"
+#include "device/pipeline/stage_ring.cuh"
+#include "device/ptx/async_copy.cuh"
+#include "device/ptx/wgmma.cuh"
+#include "device/ptx/wgmma_fp8.cuh"
+#include "device/sched/grouped_tiles.cuh"
+
+namespace mok::device {
+
+// Where a grouped FP8 GEMM's scales are (ue8m0 bytes, row-major).
+struct Fp8Scales {
+  const uint8_t* a;  // [m_total, k_blocks]: one per row and 128 of K
+  const uint8_t* b;  // [G, n_blocks, k_blocks]: one per 128 x 128 block of each group's B
+  int32_t k_blocks;  // K / 128
+  int32_t n_blocks;  // N / 128
+  int32_t m_total;
+};
+
+// 2^(e - 127) (byte 0 is 2^-127, a subnormal; the quantizer never writes 255).
+__device__ __forceinline__ float ue8m0_value(uint32_t e) {
+  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+
+// Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
+// K, promoted stage by stage. Rows at or past m_total get zero scales (their
+// operand rows are TMA's zero fill; they are never stored).
+template <class Cfg, class OnStall = TrapOnStall>
+__device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
+                                             int consumer, const GemmTile& tile, const Fp8Scales& scales,
+                                             float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
+  static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockN == 128 && Cfg::kBlockK == 128,
+                "one 128 x 128 B scale block and one 128-deep A scale block per stage");
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  const int row = tile.row0 + consumer * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const uint8_t* a_top = row < scales.m_total ? scales.a + static_cast<int64_t>(row) * scales.k_blocks : nullptr;
+  const uint8_t* a_low =
+      row + 8 < scales.m_total ? scales.a + static_cast<int64_t>(row + 8) * scales.k_blocks : nullptr;
+  const uint8_t* b_scales =
+      scales.b + (static_cast<int64_t>(tile.group) * scales.n_blocks + tile.n0 / 128) * scales.k_blocks;
+  const bool releaser = lane == 0;
+  float part[Cfg::kAccRegs];
+  for (int kb = 0; kb < scales.k_blocks; ++kb) {
+    // The stage's scales, loaded before its wait so the wait hides them.
+    const float sb = ue8m0_value(__ldg(b_scales + kb));
+    const float s_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) * sb : 0.0f;
+    const float s_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) * sb : 0.0f;
+    ring.consumer_wait(on_stall);
+    auto& stage = smem.stages[ring.stage];
+    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
+    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
+    wgmma::fence_operands(part);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
+      wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
+                                 k > 0 ? 1u : 0u);
+    }
+    wgmma::commit_group();
+    wgmma::fence_operands(part);
+    wgmma::wait_group<0>();  // the partial sum is needed now
+    if (releaser) ring.consumer_release(ring.stage);
+    ring.advance();
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) {
+      const float s = ((i / 2) % 2) ? s_low : s_top;  // d[4j + 2h + e]: row half h
+      acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
+    }
+  }
+}
+
+}  // namespace mok::device

@@ -1,0 +1,165 @@
+// The block-scaled FP8 grouped GEMM (GemmElement::kE4M3) against a double
+// reference over the dequantized operands (the bit-exact host quantizer,
+// include/mok/fp8.hpp, makes both sides' inputs): bf16 rounding of the
+// output is the only error expected beyond fp32 sums. Also: padding rows
+// untouched, bitwise repeatable, the same bits at any grid size, bad
+// arguments refused.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "gpu/gemm_test_support.hpp"
+#include "gpu/gpu_test_env.hpp"
+#include "mok/bf16.hpp"
+#include "mok/error.hpp"
+#include "mok/fp8.hpp"
+#include "mok/grouped_gemm.hpp"
+
+namespace {
+
+using mok::gemm_test::DeviceBuffer;
+using mok::gemm_test::Layout;
+
+struct Fp8Problem {
+  Layout layout;
+  int64_t n = 0, k = 0;
+  std::vector<uint8_t> a, a_scales;  // e4m3 [m_total, k], ue8m0 [m_total, k / 128]
+  mok::fp8::QuantizedWeight b;       // [G, n, k]
+};
+
+// Rows whose magnitudes differ by block (so the scales differ), weights likewise.
+Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> octave(-6, 6);
+  Fp8Problem p;
+  p.layout = layout;
+  p.n = n;
+  p.k = k;
+  std::vector<float> a(static_cast<size_t>(layout.m_total * k));
+  for (int64_t r = 0; r < layout.m_total; ++r) {
+    for (int64_t kb = 0; kb < k / 128; ++kb) {
+      const float scale = std::ldexp(1.0f, octave(rng));
+      for (int64_t c = 0; c < 128; ++c) a[static_cast<size_t>(r * k + kb * 128 + c)] = unit(rng) * scale;
+    }
+  }
+  p.a.resize(a.size());
+  p.a_scales.resize(static_cast<size_t>(layout.m_total * (k / 128)));
+  mok::fp8::quantize_rows(a, layout.m_total, k, p.a, p.a_scales);
+  std::vector<float> b(static_cast<size_t>(layout.groups() * n * k));
+  for (auto& v : b) v = unit(rng) * std::ldexp(1.0f, octave(rng) / 3) / std::sqrt(static_cast<float>(k));
+  p.b = mok::fp8::quantize_weight(b, layout.groups(), n, k);
+  return p;
+}
+
+std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0) {
+  DeviceBuffer<uint8_t> a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales);
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
+  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
+  MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, static_cast<size_t>(p.layout.m_total * p.n) * 2));
+  mok::GroupedGemmArgs args;
+  args.element = mok::GemmElement::kE4M3;
+  args.a = a.get();
+  args.a_scales = a_scales.get();
+  args.b = b.get();
+  args.b_scales = b_scales.get();
+  args.out = out.get();
+  args.group_offset = offset.get();
+  args.group_rows = rows.get();
+  args.num_groups = p.layout.groups();
+  args.m_total = p.layout.m_total;
+  args.n = p.n;
+  args.k = p.k;
+  args.max_ctas = max_ctas;
+  mok::grouped_gemm(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  return out.download();
+}
+
+void expect_matches_reference(const Fp8Problem& p, const std::vector<uint16_t>& out) {
+  const std::vector<int> owner = p.layout.owner();
+  const int64_t kb_count = p.k / 128;
+  auto a_value = [&](int64_t r, int64_t c) {
+    return static_cast<double>(mok::fp8::decode_e4m3(p.a[static_cast<size_t>(r * p.k + c)])) *
+           mok::fp8::decode_ue8m0(p.a_scales[static_cast<size_t>(r * kb_count + c / 128)]);
+  };
+  auto b_value = [&](int g, int64_t row, int64_t c) {
+    const size_t at = static_cast<size_t>((g * p.n + row) * p.k + c);
+    const size_t scale = static_cast<size_t>((g * (p.n / 128) + row / 128) * kb_count + c / 128);
+    return static_cast<double>(mok::fp8::decode_e4m3(p.b.values[at])) * mok::fp8::decode_ue8m0(p.b.scales[scale]);
+  };
+  int bad = 0;
+  for (int64_t r = 0; r < p.layout.m_total; ++r) {
+    const int g = owner[static_cast<size_t>(r)];
+    for (int64_t col = 0; col < p.n; ++col) {
+      const uint16_t got = out[static_cast<size_t>(r * p.n + col)];
+      if (g < 0) {
+        ASSERT_EQ(got, 0xFFFF) << "row " << r << " belongs to no group but was written";
+        continue;
+      }
+      double sum = 0, mag = 0;
+      for (int64_t c = 0; c < p.k; ++c) {
+        const double v = a_value(r, c) * b_value(g, col, c);
+        sum += v;
+        mag += std::fabs(v);
+      }
+      const double value = mok::bf16_bits_to_float(got);
+      if (!(std::fabs(value - sum) <= 4e-3 * std::fabs(sum) + 1e-5 * mag) && bad++ < 5) {
+        ADD_FAILURE() << "row " << r << " col " << col << ": got " << value << ", want " << sum;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(GroupedGemmFp8, MatchesTheDequantizedReference) {
+  MOK_REQUIRE_HOPPER();
+  // Uneven groups, one empty, padding between them; k = 384 (three scale
+  // blocks), n = 256 (two n-tiles).
+  const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 256, 384, 1);
+  expect_matches_reference(p, run_fp8(p));
+}
+
+TEST(GroupedGemmFp8, BitwiseRepeatableAndIndependentOfTheGrid) {
+  MOK_REQUIRE_HOPPER();
+  const Fp8Problem p = make_problem(Layout::make({300, 77, 512}, {4, 51, 0}), 512, 512, 2);
+  const std::vector<uint16_t> first = run_fp8(p);
+  expect_matches_reference(p, first);
+  for (int run = 1; run < 10; ++run) ASSERT_EQ(run_fp8(p), first) << "run " << run;
+  for (int ctas : {1, 7}) EXPECT_EQ(run_fp8(p, ctas), first) << "ctas " << ctas;
+}
+
+TEST(GroupedGemmFp8, RejectsWhatItCannotRun) {
+  auto fake = [](uintptr_t at) { return reinterpret_cast<void*>(at << 20); };
+  mok::GroupedGemmArgs good;
+  good.element = mok::GemmElement::kE4M3;
+  good.a = fake(1);
+  good.b = fake(2);
+  good.out = fake(3);
+  good.a_scales = static_cast<const uint8_t*>(fake(4));
+  good.b_scales = static_cast<const uint8_t*>(fake(5));
+  good.group_offset = static_cast<const int32_t*>(fake(6));
+  good.group_rows = static_cast<const int32_t*>(fake(7));
+  good.num_groups = 1;
+  good.m_total = 128;
+  good.n = 128;
+  good.k = 128;
+  EXPECT_NO_THROW(mok::validate_grouped_gemm(good));
+  auto refused = [](mok::GroupedGemmArgs args, const char* what) {
+    EXPECT_THROW(mok::validate_grouped_gemm(args), mok::Error) << what;
+  };
+  { auto x = good; x.k = 192; refused(x, "k not a multiple of 128"); }
+  { auto x = good; x.n = 64; refused(x, "n not a multiple of 128"); }
+  { auto x = good; x.a_scales = nullptr; refused(x, "no a scales"); }
+  { auto x = good; x.b_scales = nullptr; refused(x, "no b scales"); }
+  { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; refused(x, "SwiGLU"); }
+  { auto x = good; x.b_layout = mok::WeightLayout::kKN; refused(x, "k-by-n b"); }
+}
+
+}  // namespace
