@@ -117,24 +117,88 @@ at::Tensor grouped_mm_swiglu_meta(const at::Tensor& a, const at::Tensor& w13, co
   return meta(a, w13, group_offset, group_rows, mok::GemmEpilogue::kSwiGLU);
 }
 
+// ---- grouped_mm_fp8: block-scaled e4m3 operands -> bf16 ---------------------
+
+const TensorSpec kFp8Rows{at::kFloat8_e4m3fn, 2, /*aligned=*/true};
+const TensorSpec kFp8Weights{at::kFloat8_e4m3fn, 3, /*aligned=*/true};
+
+// a [M, K] and b [G, N, K] float8_e4m3fn with ue8m0 (uint8) scales a_scales
+// [M, K / 128] and b_scales [G, N / 128, K / 128]; returns N.
+int64_t check_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b, const at::Tensor& b_scales,
+                  const at::Tensor& group_offset, const at::Tensor& group_rows) {
+  expect(a.defined(), "a is undefined");
+  const at::Device device = a.device();
+  mok::torch_ops::expect_cuda(device, "a");
+  check_tensor(a, "a", kFp8Rows, device, "a is on");
+  check_tensor(b, "b", kFp8Weights, device, "a is on");
+  check_tensor(a_scales, "a_scales", TensorSpec{at::kByte, 2}, device, "a is on");
+  check_tensor(b_scales, "b_scales", TensorSpec{at::kByte, 3}, device, "a is on");
+  check_tensor(group_offset, "group_offset", kGroupTable, device, "a is on");
+  check_tensor(group_rows, "group_rows", kGroupTable, device, "a is on");
+  const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
+  expect(b.size(2) == K, "a is [M, K] = " + shape_of(a) + " but b is [G, N, K] = " + shape_of(b) + ": K differs");
+  expect(K % 128 == 0 && N % 128 == 0, "K = " + num(K) + " and N = " + num(N) + " must be multiples of 128");
+  mok::torch_ops::check_shape(a_scales, "a_scales", {M, K / 128}, "[M, K / 128]");
+  mok::torch_ops::check_shape(b_scales, "b_scales", {G, N / 128, K / 128}, "[G, N / 128, K / 128]");
+  expect(group_rows.size(0) == G && group_offset.size(0) == G + 1,
+         "group_offset and group_rows must have G + 1 and G = " + num(G) + " entries");
+  mok::torch_ops::checked_int(G, "the group count G (b.size(0))");
+  return N;
+}
+
+at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                          const at::Tensor& b_scales, const at::Tensor& group_offset, const at::Tensor& group_rows) {
+  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows);
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
+  if (a.size(0) == 0) return out;
+  mok::GroupedGemmArgs args;
+  args.element = mok::GemmElement::kE4M3;
+  args.a = a.data_ptr();
+  args.a_scales = a_scales.data_ptr<uint8_t>();
+  args.b = b.data_ptr();
+  args.b_scales = b_scales.data_ptr<uint8_t>();
+  args.out = out.data_ptr();
+  args.group_offset = group_offset.data_ptr<int32_t>();
+  args.group_rows = group_rows.data_ptr<int32_t>();
+  args.num_groups = static_cast<int>(b.size(0));
+  args.m_total = a.size(0);
+  args.n = n;
+  args.k = a.size(1);
+  mok::torch_ops::raising_torch_errors(
+      [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()); });
+  return out;
+}
+
+at::Tensor grouped_mm_fp8_meta(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                               const at::Tensor& b_scales, const at::Tensor& group_offset,
+                               const at::Tensor& group_rows) {
+  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows);
+  return at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mok, m) {
   m.def("grouped_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def("grouped_mm_swiglu(Tensor a, Tensor w13, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
+  m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor group_offset, "
+        "Tensor group_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
   m.impl("grouped_mm_kn", &grouped_mm_kn);
+  m.impl("grouped_mm_fp8", &grouped_mm_fp8);
 }
 
 TORCH_LIBRARY_IMPL(mok, Meta, m) {
   m.impl("grouped_mm", &grouped_mm_meta);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu_meta);
   m.impl("grouped_mm_kn", &grouped_mm_kn_meta);
+  m.impl("grouped_mm_fp8", &grouped_mm_fp8_meta);
 }
 
 // CPU tensors reach the same checks, which refuse them by name.
@@ -142,4 +206,5 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
   m.impl("grouped_mm", &grouped_mm);
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
   m.impl("grouped_mm_kn", &grouped_mm_kn);
+  m.impl("grouped_mm_fp8", &grouped_mm_fp8);
 }

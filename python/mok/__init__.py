@@ -29,6 +29,7 @@ chains them; rows outside every group come back as zeros):
   torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
       out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32 (or bf16).
   torch.ops.mok.row_combine(rows, row_index, base) -> out
+  torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows) -> out
       out[t] = base[t] + the token's slot rows, fp32 in slot order, one rounding.
 
 Every op raises RuntimeError on bad input, before any work, naming the
@@ -98,6 +99,17 @@ def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
     bf16 weight's gradient, without an fp32 tensor and a conversion).
     E.g. dW2[e] = weight_grad_mm(dy_rows, h_rows, ...)."""
     return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype)
+
+
+def grouped_mm_fp8(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                   group_offset: torch.Tensor, group_rows: torch.Tensor) -> torch.Tensor:
+    """Block-scaled FP8 grouped GEMM: out[rows of g] = A[rows] . B[g]^T in bf16,
+    with A = a * 2^(a_scales - 127) per 1 x 128 block (a float8_e4m3fn [M, K],
+    a_scales uint8 [M, K / 128]: mok.quant.quantize_rows) and B likewise per
+    128 x 128 block (b [G, N, K], b_scales [G, N / 128, K / 128]:
+    mok.quantize_weights). Each 128 of K is summed by the tensor cores and
+    added to an fp32 accumulator with its scales; K and N multiples of 128."""
+    return torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows)
 
 
 def row_combine(rows: torch.Tensor, row_index: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
@@ -190,8 +202,9 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_kn", "grouped_mm_swiglu",
+__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_fp8", "grouped_mm_kn",
+           "grouped_mm_swiglu", "quantize_rows", "quantize_weights",
            "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)
-from .quant import QuantizedWeights, quantize_weights  # noqa: E402,F401  (block-scaled FP8 weights)
+from .quant import QuantizedWeights, quantize_rows, quantize_weights  # noqa: E402,F401  (block-scaled FP8)

@@ -2,6 +2,7 @@
 C++ twin; both follow the same rounding, written out there):
 
   quantize_weights(w) -> QuantizedWeights(values, scales, values_t, scales_t)
+  quantize_rows(x)    -> (values, scales)     activations, 1 x 128 blocks
 
 w [..., rows, cols] (rows and cols multiples of 128; any float dtype, any
 device) is quantized in 128 x 128 blocks: scale 2^e per block, the smallest
@@ -66,4 +67,21 @@ def quantize_weights(w: torch.Tensor) -> QuantizedWeights:
                             scales.transpose(-1, -2).contiguous())
 
 
-__all__ = ["QuantizedWeights", "quantize_weights", "scale_exponents"]
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activation rows x [rows, cols] (cols a multiple of 128) in 1 x 128
+    blocks, the same rounding as quantize_weights: (values float8_e4m3fn
+    [rows, cols], scales uint8 UE8M0 [rows, cols / 128]) -- what
+    mok.grouped_mm_fp8 reads as its A operand. Non-finite values are refused."""
+    if x.dim() != 2 or x.shape[1] % BLOCK:
+        raise ValueError(f"quantize_rows: x is {tuple(x.shape)}; expected [rows, cols] with cols a multiple of {BLOCK}")
+    xf = x.detach().float()
+    if not bool(torch.isfinite(xf).all()):
+        bad = torch.nonzero(~torch.isfinite(xf))[0].tolist()
+        raise ValueError(f"quantize_rows: x{bad} is not finite")
+    blocks = xf.reshape(x.shape[0], -1, BLOCK)
+    e = scale_exponents(blocks.abs().amax(dim=2))  # [rows, cols / 128]
+    values = torch.ldexp(blocks, -e[:, :, None]).reshape(xf.shape).to(torch.float8_e4m3fn)
+    return values, (e + 127).to(torch.uint8)
+
+
+__all__ = ["QuantizedWeights", "quantize_rows", "quantize_weights", "scale_exponents"]

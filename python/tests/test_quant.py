@@ -65,3 +65,23 @@ def test_the_shared_test_weight_quantizes_to_the_golden_bytes_of_the_cpp_quantiz
         for b in part.flatten().tolist():
             h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     assert h == 0x58D5A7AB2986F80D
+
+
+def test_rows_are_quantized_per_1x128_block_with_the_weights_rule():
+    from mok.quant import quantize_rows
+    torch.manual_seed(1)
+    x = torch.randn(5, 384) * torch.tensor([1e-3, 1.0, 300.0]).repeat_interleave(128)
+    values, scales = quantize_rows(x.bfloat16())
+    assert values.dtype == torch.float8_e4m3fn and values.shape == (5, 384)
+    assert scales.dtype == torch.uint8 and scales.shape == (5, 3)
+    amax = x.bfloat16().float().reshape(5, 3, 128).abs().amax(2)
+    assert torch.equal(scales.int() - 127, scale_exponents(amax))
+    # The same rounding as the weights': a row block is a weight block's row.
+    block = torch.zeros(128, 128)
+    block[0] = x.bfloat16().float()[2, 128:256]
+    q = mok.quantize_weights(block)
+    assert torch.equal(values[2, 128:256].view(torch.uint8), q.values[0].view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        quantize_rows(torch.zeros(2, 100))
+    with pytest.raises(ValueError, match="not finite"):
+        quantize_rows(torch.full((1, 128), float("inf")))

@@ -1,0 +1,51 @@
+"""mok.grouped_mm_fp8, the block-scaled FP8 grouped GEMM: shapes and argument
+errors on meta tensors (CPU), and on a Hopper GPU the result against fp32
+torch over the dequantized operands, bitwise repeatable."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mok = pytest.importorskip("mok")
+if not hasattr(torch.ops.mok, "grouped_mm_fp8"):
+    pytest.skip("the loaded library predates grouped_mm_fp8", allow_module_level=True)
+
+from conftest import has_hopper  # noqa: E402
+
+
+def _meta(*shape, dtype):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_shapes_and_errors_on_meta_tensors():
+    M, K, G, N = 300, 256, 3, 384
+    a, a_s = _meta(M, K, dtype=torch.float8_e4m3fn), _meta(M, K // 128, dtype=torch.uint8)
+    b, b_s = _meta(G, N, K, dtype=torch.float8_e4m3fn), _meta(G, N // 128, K // 128, dtype=torch.uint8)
+    off, rows = _meta(G + 1, dtype=torch.int32), _meta(G, dtype=torch.int32)
+    out = torch.ops.mok.grouped_mm_fp8(a, a_s, b, b_s, off, rows)
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="b_scales must be"):
+        torch.ops.mok.grouped_mm_fp8(a, a_s, b, _meta(G, N // 128, 1, dtype=torch.uint8), off, rows)
+    with pytest.raises(RuntimeError, match="a must be"):
+        torch.ops.mok.grouped_mm_fp8(a.to(torch.bfloat16), a_s, b, b_s, off, rows)
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper GPU")
+def test_matches_the_dequantized_product_and_repeats_bitwise():
+    g = torch.Generator(device="cuda").manual_seed(3)
+    counts, K, N = [200, 0, 77, 300], 512, 256
+    M, G = sum(counts), len(counts)
+    x = torch.randn(M, K, device="cuda", generator=g) * torch.exp2(torch.randint(-4, 5, (M, 1), device="cuda",
+                                                                                   generator=g).float())
+    w = torch.randn(G, N, K, device="cuda", generator=g) / K ** 0.5
+    a, a_s = mok.quantize_rows(x)
+    q = mok.quantize_weights(w)
+    off, rows = mok.layout_from_counts(counts, device="cuda")
+    out = mok.grouped_mm_fp8(a, a_s, q.values, q.scales, off, rows)
+    a_deq = a.float() * torch.exp2(a_s.float() - 127).repeat_interleave(128, 1)
+    b_deq = q.dequantize()
+    group = torch.repeat_interleave(torch.arange(G, device="cuda"), torch.tensor(counts, device="cuda"))
+    want = torch.einsum("mk,mnk->mn", a_deq, b_deq[group])
+    err = float((out.float() - want).norm() / want.norm())
+    assert err < 4e-3, err  # bf16 output rounding
+    assert all(torch.equal(out, mok.grouped_mm_fp8(a, a_s, q.values, q.scales, off, rows)) for _ in range(3))
