@@ -117,3 +117,38 @@ def test_the_schemas_are_static():
     for name in ("fused_forward", "grouped_mm", "grouped_mm_swiglu", "process_world_run"):
         schema = getattr(torch.ops.mok, name).default._schema
         assert len(schema.returns) == 1, (name, schema)
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.mok, "fused_forward_train"), reason="libmok_torch.so predates save mode")
+def test_aot_autograd_traces_save_mode_without_the_recompute():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def backend(gm, example_inputs):
+        def keep(kind):
+            def compiler(graph, inputs):
+                graphs[kind] = graph
+                return make_boxed_func(graph.forward)
+            return compiler
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    xs, ids, ws, w13, w2, sw13, sw2 = _layer(32, world=2)
+    leaves = xs + ws + w13 + w2 + [sw13, sw2]
+    for t in leaves:
+        t.requires_grad_()
+
+    def step(*a):
+        out = mok.fused_forward(*a, num_experts=E, save_activations=True)
+        return torch.cat(out).float().square().sum()
+    loss = torch.compile(step, fullgraph=True, backend=backend)(xs, ids, ws, w13, w2, sw13, sw2)
+    loss.backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in leaves)
+    forward_targets = {str(n.target) for n in graphs["forward"].graph.nodes if n.op == "call_function"}
+    backward_targets = {str(n.target) for n in graphs["backward"].graph.nodes if n.op == "call_function"}
+    assert "mok.fused_forward_train.default" in forward_targets, forward_targets
+    # Save mode: the backward reads the kept gate/up; no grouped_mm recomputes it.
+    assert "mok.grouped_mm.default" not in backward_targets, backward_targets
+    assert {"mok.swiglu_backward_mm.default", "mok.grouped_mm_kn.default", "mok.weight_grad_mm.default",
+            "mok.row_combine.default"} <= backward_targets, backward_targets
