@@ -82,7 +82,15 @@ class FusedMoEWorld:
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else torch.device(device).index)
         self._on_gpu = dist.get_backend(self.group) == "nccl"  # NCCL moves CUDA tensors, gloo CPU ones
-        tuning_values = tuning_list(tuning)  # unknown names raise here, on every rank alike
+        tuning_list(tuning)  # unknown names raise here, on every rank alike
+        from . import tuning_source
+        # Every rank runs the same options: the caller's (the same on every
+        # rank), else rank 0's tuning-cache entry (collective).
+        tuning = tuning_source.agree(tuning, group, hidden=hidden, intermediate=intermediate, experts=num_experts,
+                                     top_k=top_k, shared=shared_intermediate,
+                                     tokens_per_rank=max(self.tokens_per_rank), device=self.device)
+        self.tuning = tuning
+        tuning_values = tuning_list(tuning)
         self._id = 0
 
         def create():

@@ -21,9 +21,10 @@ tuners cannot corrupt it.
 
 The library uses a matching entry whenever a caller passes no tuning option
 (mok/tuning_source.py; `mok.tuning_sources(...)` says where each option of a
-call comes from; MOK_TUNING_CACHE=off disables it). What is not here yet:
-`mok_cli tune`, and process worlds do not agree on an entry collectively
-(process_world_run takes the options it is given).
+call comes from; MOK_TUNING_CACHE=off disables it), and a process world's
+ranks agree on one choice when their world is made (the same caller options
+on every rank, else rank 0's entry; tuning_source.agree). What is not here
+yet: `mok_cli tune`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ dims, tokens-per-rank bucket and world size), else the library's defaults and
 rules (include/mok/fused_forward.hpp). Options never change a result bit,
 only where and when work runs, so a cache entry can only change speed.
 
-The cache is consulted when the caller gives no option at all, not while
+A process world's ranks agree on one choice (agree(): the same caller
+options on every rank, else rank 0's cache entry for all). The cache is
+consulted when the caller gives no option at all, not while
 torch.compile traces (a trace must not read files; the compiled graph runs the
 library's defaults unless options are passed), and not when MOK_TUNING_CACHE
 is "0" or "off". A path in MOK_TUNING_CACHE selects another cache file. The
@@ -73,9 +75,31 @@ def resolve(tuning: dict, *, hidden, intermediate, experts, top_k, shared, token
     return options, sources
 
 
+def agree(tuning: dict, group, *, hidden, intermediate, experts, top_k, shared, tokens_per_rank, device) -> dict:
+    """Collective, for a process world, whose ranks must all run the same
+    options (they shape the world's shared layout): the caller's options when
+    every rank gives the same ones (a RuntimeError on every rank, naming what
+    each gave, when they differ), else rank 0's tuning-cache entry (or the
+    defaults) for every rank."""
+    import torch.distributed as dist
+    given = [None] * dist.get_world_size(group)
+    dist.all_gather_object(given, dict(tuning), group=group)
+    if any(given):
+        if any(g != given[0] for g in given):
+            raise RuntimeError("mok: the ranks of a process world must pass the same tuning options; got "
+                               + "; ".join(f"rank {r}: {g or 'none'}" for r, g in enumerate(given)))
+        return dict(given[0])
+    mine = [None]
+    if dist.get_rank(group) == 0:
+        mine = [cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank,
+                               dist.get_world_size(group), device) if not _compiling() else {}]
+    dist.broadcast_object_list(mine, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return dict(mine[0])
+
+
 def describe(sources: dict, options: dict) -> str:
     """One line: each option's value and where it came from."""
     return ", ".join(f"{name}={options.get(name) or 'default'} ({sources[name]})" for name in TUNING_OPTIONS)
 
 
-__all__ = ["SOURCE_CACHE", "SOURCE_CALLER", "SOURCE_DEFAULT", "cached_options", "describe", "resolve"]
+__all__ = ["SOURCE_CACHE", "SOURCE_CALLER", "SOURCE_DEFAULT", "agree", "cached_options", "describe", "resolve"]
