@@ -45,6 +45,7 @@ struct Options {
   int tile_rows = 128;
   bool fp64 = false;
   bool backward = false;
+  bool train = false;  // also time the forward's training mode (keeps gate/up for the backward)
   bool cpu = false;  // force the CPU reference even where a GPU exists
   int iterations = 20;
   mok::FusedForwardOptions forward;  // --minibatch-rows, --ring-slots, --comm-ctas, --lookahead
@@ -88,6 +89,8 @@ void print_usage() {
       "                         the options above, alternating in one process on the same data\n"
       "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
       "  --rounds N             alternations for --compare (default 3)\n"
+      "  --train                also time the training-mode forward (it keeps each row's gate/up\n"
+      "                         pre-activations for the backward) against the inference one\n"
       "  --list-presets         print the presets and exit\n",
       defaults.minibatch_rows, defaults.ring_slots, defaults.lookahead);
 }
@@ -143,6 +146,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--tile-rows") o.tile_rows = std::stoi(value());
     else if (arg == "--fp64") o.fp64 = true;
     else if (arg == "--backward") o.backward = true;
+    else if (arg == "--train") o.train = true;
     else if (arg == "--cpu") o.cpu = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
     else if (int* option = arg.rfind("--", 0) == 0 ? tuning_option(o.forward, arg.substr(2)) : nullptr) {
@@ -239,18 +243,18 @@ struct ForwardTiming {
   double enqueue_us;       // median host time of one run() call
 };
 
-ForwardTiming time_forward(mok::FusedForward& forward, const mok::DeviceLayer& device, int iterations) {
+ForwardTiming time_forward(mok::FusedForward& forward, const std::vector<mok::RankTensors>& tensors, int iterations) {
   cudaEvent_t start, stop;
   MOK_CUDA_CHECK(cudaEventCreate(&start));
   MOK_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) forward.run(device.tensors());
+  for (int i = 0; i < 3; ++i) forward.run(tensors);
   forward.check();
   std::vector<float> ms;
   std::vector<double> enqueue_us;
   for (int i = 0; i < iterations; ++i) {
     MOK_CUDA_CHECK(cudaEventRecord(start));
     const auto host_start = std::chrono::steady_clock::now();
-    forward.run(device.tensors());
+    forward.run(tensors);
     enqueue_us.push_back(seconds_since(host_start) * 1e6);
     MOK_CUDA_CHECK(cudaEventRecord(stop));
     MOK_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -259,7 +263,7 @@ ForwardTiming time_forward(mok::FusedForward& forward, const mok::DeviceLayer& d
     ms.push_back(elapsed);
   }
   MOK_CUDA_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < iterations; ++i) forward.run(device.tensors());
+  for (int i = 0; i < iterations; ++i) forward.run(tensors);
   MOK_CUDA_CHECK(cudaEventRecord(stop));
   MOK_CUDA_CHECK(cudaEventSynchronize(stop));
   float total = 0;
@@ -356,7 +360,7 @@ void compare_options(const Options& o, const mok::LayerConfig& config, const mok
   for (int round = 0; round < o.rounds; ++round) {
     double base_alone = 0, base_back_to_back = 0;
     for (Candidate& c : candidates) {
-      const ForwardTiming t = time_forward(*c.forward, device, o.iterations);
+      const ForwardTiming t = time_forward(*c.forward, device.tensors(), o.iterations);
       if (&c == &candidates.front()) {
         base_alone = t.pass_ms;
         base_back_to_back = t.back_to_back_ms;
@@ -376,6 +380,43 @@ void compare_options(const Options& o, const mok::LayerConfig& config, const mok
   for (size_t i = 1; i < candidates.size(); ++i) {
     std::printf("    %-40s median ratio to base: %.3f alone, %.3f back to back\n", candidates[i].label.c_str(),
                 median(candidates[i].ratio_alone), median(candidates[i].ratio_back_to_back));
+  }
+}
+
+// The training-mode forward: each rank keeps its schedule (pass state) and
+// the gate/up pre-activations of its routed rows and shared expert in buffers
+// of its own; timed like the inference pass, and its output bits compared.
+void time_training_forward(mok::FusedForward& forward, mok::DeviceLayer& device, const mok::LayerConfig& config,
+                           const ForwardTiming& inference, int iterations) {
+  std::vector<mok::RankTensors> tensors = device.tensors();
+  std::vector<void*> buffers;
+  size_t kept = 0;
+  for (size_t r = 0; r < tensors.size(); ++r) {
+    const size_t T = static_cast<size_t>(config.tokens_per_rank[r]);
+    const size_t routed = static_cast<size_t>(forward.saved_rows()) * 2 * config.intermediate * 2;
+    const size_t shared = T * 2 * static_cast<size_t>(config.shared_width()) * 2;
+    void *state = nullptr, *preact = nullptr, *shared_preact = nullptr;
+    MOK_CUDA_CHECK(cudaMalloc(&state, forward.pass_state_bytes()));
+    MOK_CUDA_CHECK(cudaMalloc(&preact, routed));
+    if (shared > 0) MOK_CUDA_CHECK(cudaMalloc(&shared_preact, shared));
+    buffers.insert(buffers.end(), {state, preact, shared_preact});
+    tensors[r].pass_state = state;
+    tensors[r].preact = preact;
+    tensors[r].shared_preact = shared_preact;
+    kept = std::max(kept, forward.pass_state_bytes() + routed + shared);
+  }
+  const std::vector<uint16_t> inference_out = device.download_outputs();
+  const ForwardTiming t = time_forward(forward, tensors, iterations);
+  device.poison_outputs();
+  forward.run(tensors);
+  forward.check();
+  const bool same = device.download_outputs() == inference_out;
+  std::printf("      training forward (keeps gate/up, %.1f MB per rank): %.3f ms (median), back to back %.3f ms: "
+              "%.3fx the inference pass; output bits %s\n",
+              static_cast<double>(kept) / 1e6, t.pass_ms, t.back_to_back_ms, t.back_to_back_ms / inference.back_to_back_ms,
+              same ? "the same" : "DIFFERENT");
+  for (void* p : buffers) {
+    if (p != nullptr) MOK_CUDA_CHECK(cudaFree(p));
   }
 }
 
@@ -405,13 +446,14 @@ int run_gpu(const Options& o) {
               static_cast<unsigned long long>(o.seed), o.routing.c_str(), seconds_since(start),
               forward.options().describe().c_str());
 
-  const ForwardTiming timing = time_forward(forward, device, o.iterations);
+  const ForwardTiming timing = time_forward(forward, device.tensors(), o.iterations);
   const double flops = config.forward_flops();
   std::printf("[2/3] fused forward: %.3f ms (median of %d), %.1f useful TFLOP/s; back to back %.3f ms per pass; "
               "host enqueue %.0f us\n",
               timing.pass_ms, o.iterations, flops / timing.pass_ms * 1e-9, timing.back_to_back_ms, timing.enqueue_us);
   report_energy(forward, device, timing.back_to_back_ms, flops);
   print_output_bits(forward, device);
+  if (o.train) time_training_forward(forward, device, config, timing, o.iterations);
   if (!o.trace_file.empty()) trace_pass(config, o.forward, device, o.trace_file);
   if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 
