@@ -6,6 +6,8 @@ bitwise equal, over several passes with inputs changing between them.
     IPC is involved);
 (b) worlds of 2 (and 4 or 8 where that many GPUs exist) processes, spawned
     with torch.multiprocessing, NCCL; skipped with fewer than 2 GPUs.
+Both also run the expert-parallel backward and compare each rank's gradients
+with the virtual world's.
 """
 
 import os
@@ -106,6 +108,27 @@ def _child(rank, world, store_path, result_dir):
                 assert _same_bits(torch.cat(gathered), expected[p % 2]), "pass %d" % p
         # A last pass with the error check on every rank.
         fused(*rank_slice(layers[0], rank, world), check_errors=True)
+        # Backward (expert-parallel, all_to_all over NCCL): each rank's
+        # gradients are its slice of the virtual world's, bit for bit (the
+        # shared expert's weight gradients are per-rank parts: not compared).
+        layer = layers[1]
+        dout = torch.randn(GLOBAL_TOKENS, H, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+        dout = dout.bfloat16()
+        virtual = [t.clone().requires_grad_(t.is_floating_point()) for t in layer]
+        parts = [rank_slice(tuple(virtual), r, world) for r in range(world)]
+        outs = mok.fused_forward([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
+                                 [p[3] for p in parts], [p[4] for p in parts], virtual[5], virtual[6],
+                                 num_experts=E)
+        want = torch.autograd.grad(torch.cat(outs), [virtual[0], virtual[2], virtual[3], virtual[4]], dout)
+        mine = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in rank_slice(layer, rank, world)]
+        out = fused(*mine)
+        t = GLOBAL_TOKENS // world
+        got = torch.autograd.grad(out, [mine[0], mine[2], mine[3], mine[4]], dout[rank * t:(rank + 1) * t])
+        el = E // world
+        for name, g, w in zip(("x", "weights", "w13", "w2"), got,
+                              (want[0][rank * t:(rank + 1) * t], want[1][rank * t:(rank + 1) * t],
+                               want[2][rank * el:(rank + 1) * el], want[3][rank * el:(rank + 1) * el])):
+            assert torch.equal(g, w), "rank %d: %s" % (rank, name)
         fused.close()
         open(os.path.join(result_dir, "rank%d.ok" % rank), "w").close()
     finally:
