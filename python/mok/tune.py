@@ -253,10 +253,23 @@ def plot(result: SearchResult, path: str | os.PathLike) -> None:
 
 # ---- on a GPU ------------------------------------------------------------------
 
+def driver_version() -> str:
+    """The CUDA driver's version ("13000" for 13.0), from libcuda itself (torch
+    has no public call for it); "0" where no driver is loaded."""
+    import ctypes
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return "0"
+        return str(version.value)
+    except OSError:
+        return "0"
+
+
 def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, device=None) -> TuneKey:
     import torch
     props = torch.cuda.get_device_properties(device)
-    driver = str(getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)())
+    driver = driver_version()
     return TuneKey(props.name, props.multi_processor_count, str(torch.version.cuda), driver, hidden, intermediate,
                    experts, top_k, shared, tokens_bucket(tokens), world)
 

@@ -122,3 +122,22 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "sweep.png"
     tune.plot(result, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_driver_version_is_read_from_libcuda_or_is_zero_without_one(monkeypatch):
+    import ctypes
+
+    from mok.tune import driver_version
+
+    class FakeLibcuda:
+        def cuDriverGetVersion(self, out):  # noqa: N802 (the driver API's name)
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int)).contents.value = 12080
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibcuda())
+    assert driver_version() == "12080"
+
+    def missing(name):
+        raise OSError(name + ": cannot open shared object file")
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert driver_version() == "0"
