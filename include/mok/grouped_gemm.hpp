@@ -50,8 +50,10 @@ namespace mok {
 enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2 };
 // Operand element type. kE4M3: block-scaled FP8 (include/mok/fp8.hpp): a and
 // b hold e4m3 bytes, a_scales ue8m0 [m_total, k / 128] (one per row and 128
-// of K), b_scales ue8m0 [G, n / 128, k / 128] (one per 128 x 128 block); the
-// plain epilogue and b as [G, n, k] only; k and n multiples of 128. Each
+// of K), b_scales ue8m0 [G, n / 128, k / 128] (one per 128 x 128 block;
+// SwiGLU: [G, 2n / 128, k / 128] over w13's 2n rows); the plain or SwiGLU
+// epilogue, b as [G, n, k] ([G, 2n, k]) only; k a multiple of 128, n of 128
+// (SwiGLU: of 64). Each
 // 128-deep block of K is summed by the tensor cores, then scaled and added to
 // an fp32 accumulator on the CUDA cores (gemm/fp8_mainloop.cuh).
 enum class GemmElement : int { kBF16 = 0, kE4M3 = 1 };

@@ -123,9 +123,10 @@ const TensorSpec kFp8Rows{at::kFloat8_e4m3fn, 2, /*aligned=*/true};
 const TensorSpec kFp8Weights{at::kFloat8_e4m3fn, 3, /*aligned=*/true};
 
 // a [M, K] and b [G, N, K] float8_e4m3fn with ue8m0 (uint8) scales a_scales
-// [M, K / 128] and b_scales [G, N / 128, K / 128]; returns N.
+// [M, K / 128] and b_scales [G, N / 128, K / 128]; returns the output width
+// (N, or N / 2 for SwiGLU, whose b is w13 [G, 2I, K]).
 int64_t check_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b, const at::Tensor& b_scales,
-                  const at::Tensor& group_offset, const at::Tensor& group_rows) {
+                  const at::Tensor& group_offset, const at::Tensor& group_rows, bool swiglu = false) {
   expect(a.defined(), "a is undefined");
   const at::Device device = a.device();
   mok::torch_ops::expect_cuda(device, "a");
@@ -137,18 +138,19 @@ int64_t check_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Ten
   check_tensor(group_rows, "group_rows", kGroupTable, device, "a is on");
   const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
   expect(b.size(2) == K, "a is [M, K] = " + shape_of(a) + " but b is [G, N, K] = " + shape_of(b) + ": K differs");
-  expect(K % 128 == 0 && N % 128 == 0, "K = " + num(K) + " and N = " + num(N) + " must be multiples of 128");
+  expect(K % 128 == 0 && N % 128 == 0, "K = " + num(K) + " and " + (swiglu ? "2I = " : "N = ") + num(N) +
+                                           " must be multiples of 128");
   mok::torch_ops::check_shape(a_scales, "a_scales", {M, K / 128}, "[M, K / 128]");
   mok::torch_ops::check_shape(b_scales, "b_scales", {G, N / 128, K / 128}, "[G, N / 128, K / 128]");
   expect(group_rows.size(0) == G && group_offset.size(0) == G + 1,
          "group_offset and group_rows must have G + 1 and G = " + num(G) + " entries");
   mok::torch_ops::checked_int(G, "the group count G (b.size(0))");
-  return N;
+  return swiglu ? N / 2 : N;
 }
 
-at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                          const at::Tensor& b_scales, const at::Tensor& group_offset, const at::Tensor& group_rows) {
-  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows);
+at::Tensor run_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b, const at::Tensor& b_scales,
+                   const at::Tensor& group_offset, const at::Tensor& group_rows, bool swiglu) {
+  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows, swiglu);
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
   if (a.size(0) == 0) return out;
@@ -165,16 +167,36 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
   args.m_total = a.size(0);
   args.n = n;
   args.k = a.size(1);
+  args.epilogue = swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   mok::torch_ops::raising_torch_errors(
       [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()); });
   return out;
 }
 
+at::Tensor meta_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b, const at::Tensor& b_scales,
+                    const at::Tensor& group_offset, const at::Tensor& group_rows, bool swiglu) {
+  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows, swiglu);
+  return at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
+}
+
+at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                          const at::Tensor& b_scales, const at::Tensor& group_offset, const at::Tensor& group_rows) {
+  return run_fp8(a, a_scales, b, b_scales, group_offset, group_rows, false);
+}
+at::Tensor grouped_mm_fp8_swiglu(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w13,
+                                 const at::Tensor& w13_scales, const at::Tensor& group_offset,
+                                 const at::Tensor& group_rows) {
+  return run_fp8(a, a_scales, w13, w13_scales, group_offset, group_rows, true);
+}
 at::Tensor grouped_mm_fp8_meta(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
                                const at::Tensor& b_scales, const at::Tensor& group_offset,
                                const at::Tensor& group_rows) {
-  const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows);
-  return at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
+  return meta_fp8(a, a_scales, b, b_scales, group_offset, group_rows, false);
+}
+at::Tensor grouped_mm_fp8_swiglu_meta(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& w13,
+                                      const at::Tensor& w13_scales, const at::Tensor& group_offset,
+                                      const at::Tensor& group_rows) {
+  return meta_fp8(a, a_scales, w13, w13_scales, group_offset, group_rows, true);
 }
 
 }  // namespace
@@ -185,6 +207,8 @@ TORCH_LIBRARY(mok, m) {
   m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor group_offset, "
         "Tensor group_rows) -> Tensor");
+  m.def("grouped_mm_fp8_swiglu(Tensor a, Tensor a_scales, Tensor w13, Tensor w13_scales, Tensor group_offset, "
+        "Tensor group_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
@@ -192,6 +216,7 @@ TORCH_LIBRARY_IMPL(mok, CUDA, m) {
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
   m.impl("grouped_mm_kn", &grouped_mm_kn);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+  m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
 }
 
 TORCH_LIBRARY_IMPL(mok, Meta, m) {
@@ -199,6 +224,7 @@ TORCH_LIBRARY_IMPL(mok, Meta, m) {
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu_meta);
   m.impl("grouped_mm_kn", &grouped_mm_kn_meta);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8_meta);
+  m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu_meta);
 }
 
 // CPU tensors reach the same checks, which refuse them by name.
@@ -207,4 +233,5 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
   m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);
   m.impl("grouped_mm_kn", &grouped_mm_kn);
   m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+  m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
 }

@@ -112,6 +112,15 @@ def grouped_mm_fp8(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_s
     return torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows)
 
 
+def grouped_mm_fp8_swiglu(a: torch.Tensor, a_scales: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor,
+                          group_offset: torch.Tensor, group_rows: torch.Tensor) -> torch.Tensor:
+    """grouped_mm_fp8 with the SwiGLU epilogue: w13 [G, 2I, K] float8 (gate rows,
+    then up rows; scales [G, 2I / 128, K / 128] from mok.quantize_weights),
+    out [M, I] bf16 = silu(gate) * up from the fp32 accumulators (I a multiple
+    of 64)."""
+    return torch.ops.mok.grouped_mm_fp8_swiglu(a, a_scales, w13, w13_scales, group_offset, group_rows)
+
+
 def row_combine(rows: torch.Tensor, row_index: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
     """out[t] = bf16(base[t] + rows[row_index[t, 0]] + ... + rows[row_index[t, k-1]]):
     rows bf16 [N, width] (width % 8 == 0), row_index int32 [T, k] (< 0: adds
@@ -202,7 +211,7 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_fp8", "grouped_mm_kn",
+__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_kn",
            "grouped_mm_swiglu", "quantize_rows", "quantize_weights",
            "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 

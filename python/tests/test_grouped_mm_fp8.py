@@ -28,6 +28,8 @@ def test_shapes_and_errors_on_meta_tensors():
         torch.ops.mok.grouped_mm_fp8(a, a_s, b, _meta(G, N // 128, 1, dtype=torch.uint8), off, rows)
     with pytest.raises(RuntimeError, match="a must be"):
         torch.ops.mok.grouped_mm_fp8(a.to(torch.bfloat16), a_s, b, b_s, off, rows)
+    # SwiGLU: b is w13 [G, 2I, K]; out [M, I].
+    assert torch.ops.mok.grouped_mm_fp8_swiglu(a, a_s, b, b_s, off, rows).shape == (M, N // 2)
 
 
 @pytest.mark.skipif(not has_hopper(), reason="needs a Hopper GPU")
@@ -49,3 +51,9 @@ def test_matches_the_dequantized_product_and_repeats_bitwise():
     err = float((out.float() - want).norm() / want.norm())
     assert err < 4e-3, err  # bf16 output rounding
     assert all(torch.equal(out, mok.grouped_mm_fp8(a, a_s, q.values, q.scales, off, rows)) for _ in range(3))
+    # The SwiGLU twin over the same weights read as w13 (gate: the first N/2 rows, up: the rest).
+    h = mok.grouped_mm_fp8_swiglu(a, a_s, q.values, q.scales, off, rows)
+    gate, up = want[:, :N // 2], want[:, N // 2:]
+    want_h = torch.nn.functional.silu(gate) * up
+    err = float((h.float() - want_h).norm() / want_h.norm())
+    assert err < 1e-2, err

@@ -37,6 +37,9 @@ using PlainKNConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain, mok::Ele
 // 128 of K per stage, 6 stages (32 KB each); the promotion keeps a second set
 // of 64 accumulators, hence BN 128.
 using Fp8Config = GemmTileConfig<128, 128, 6, EpilogueKind::kPlain, mok::ElementType::kE4M3>;
+// Its SwiGLU twin: 64 gate + 64 up weight rows per tile (each half inside one
+// 128-row scale block), 64 output columns.
+using Fp8SwigluConfig = GemmTileConfig<128, 128, 6, EpilogueKind::kSwiGLU, mok::ElementType::kE4M3>;
 using SwigluBackwardConfig =
     GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLUBackward, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
@@ -96,7 +99,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
     const cuuint64_t b_dims[4] = {k, n, 2, g};
     const cuuint64_t b_strides[3] = {row_bytes, n * row_bytes, 2 * n * row_bytes};
     const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
-    b_map = encode_bf16_map("b (w13)", args.b, 4, b_dims, b_strides, b_box);
+    b_map = device::encode_operand_map("b (w13)", kType, args.b, 4, b_dims, b_strides, b_box);
   } else {
     const cuuint64_t b_dims[3] = {k, n, g};
     const cuuint64_t b_strides[2] = {row_bytes, n * row_bytes};
@@ -116,8 +119,10 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   params.swiglu_backward = {};
   params.fp8 = {};
   if constexpr (Cfg::kElement == mok::ElementType::kE4M3) {
-    params.fp8 = {args.a_scales, args.b_scales, static_cast<int32_t>(args.k / 128), static_cast<int32_t>(args.n / 128),
-                  static_cast<int32_t>(args.m_total)};
+    constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;
+    const int64_t b_rows = kSwiGLU ? 2 * args.n : args.n;
+    params.fp8 = {args.a_scales, args.b_scales, static_cast<int32_t>(args.k / 128), static_cast<int32_t>(b_rows / 128),
+                  static_cast<int32_t>(args.m_total), kSwiGLU ? static_cast<int32_t>(args.n) : 0};
   }
   if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
     params.swiglu_backward.preact = static_cast<const uint16_t*>(args.preact);
@@ -212,11 +217,14 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
     throw Error("element = " + std::to_string(static_cast<int>(args.element)) + ": not a GemmElement");
   }
   if (args.element == GemmElement::kE4M3) {
-    if (args.epilogue != GemmEpilogue::kPlain || args.b_layout != WeightLayout::kNK) {
-      throw Error("element kE4M3: the plain epilogue with b as [G, n, k] only");
+    if (args.epilogue == GemmEpilogue::kSwiGLUBackward || args.b_layout != WeightLayout::kNK) {
+      throw Error("element kE4M3: the plain or SwiGLU epilogue with b as [G, n, k] ([G, 2n, k]) only");
     }
     require(args.k % 128 == 0, "k", args.k, "must be a multiple of 128 with kE4M3 (one scale per 128 of K)");
-    require(args.n % 128 == 0, "n", args.n, "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks)");
+    const bool swiglu = args.epilogue == GemmEpilogue::kSwiGLU;
+    require(swiglu ? args.n % 64 == 0 : args.n % 128 == 0, "n", args.n,
+            swiglu ? "must be a multiple of 64 with kE4M3 SwiGLU (2n weight rows in 128-row blocks)"
+                   : "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks)");
     require_pointer(args.a_scales, "a_scales", 1);
     require_pointer(args.b_scales, "b_scales", 1);
   }
@@ -231,7 +239,11 @@ void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   validate_grouped_gemm(args);
   if (args.m_total == 0) return;  // no rows: nothing to write
   if (args.element == GemmElement::kE4M3) {
-    launch<Fp8Config>(args, stream);
+    if (args.epilogue == GemmEpilogue::kSwiGLU) {
+      launch<Fp8SwigluConfig>(args, stream);
+    } else {
+      launch<Fp8Config>(args, stream);
+    }
   } else if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
     launch<SwigluBackwardConfig>(args, stream);
   } else if (args.epilogue == GemmEpilogue::kSwiGLU) {

@@ -29,12 +29,13 @@ using mok::gemm_test::Layout;
 struct Fp8Problem {
   Layout layout;
   int64_t n = 0, k = 0;
+  bool swiglu = false;               // b holds 2n rows (gate, then up); out = silu(gate) * up
   std::vector<uint8_t> a, a_scales;  // e4m3 [m_total, k], ue8m0 [m_total, k / 128]
   mok::fp8::QuantizedWeight b;       // [G, n, k]
 };
 
 // Rows whose magnitudes differ by block (so the scales differ), weights likewise.
-Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t seed) {
+Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t seed, bool swiglu = false) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   std::uniform_int_distribution<int> octave(-6, 6);
@@ -42,6 +43,8 @@ Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t see
   p.layout = layout;
   p.n = n;
   p.k = k;
+  p.swiglu = swiglu;
+  const int64_t b_rows = swiglu ? 2 * n : n;
   std::vector<float> a(static_cast<size_t>(layout.m_total * k));
   for (int64_t r = 0; r < layout.m_total; ++r) {
     for (int64_t kb = 0; kb < k / 128; ++kb) {
@@ -52,9 +55,9 @@ Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t see
   p.a.resize(a.size());
   p.a_scales.resize(static_cast<size_t>(layout.m_total * (k / 128)));
   mok::fp8::quantize_rows(a, layout.m_total, k, p.a, p.a_scales);
-  std::vector<float> b(static_cast<size_t>(layout.groups() * n * k));
+  std::vector<float> b(static_cast<size_t>(layout.groups() * b_rows * k));
   for (auto& v : b) v = unit(rng) * std::ldexp(1.0f, octave(rng) / 3) / std::sqrt(static_cast<float>(k));
-  p.b = mok::fp8::quantize_weight(b, layout.groups(), n, k);
+  p.b = mok::fp8::quantize_weight(b, layout.groups(), b_rows, k);
   return p;
 }
 
@@ -77,6 +80,7 @@ std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0) {
   args.n = p.n;
   args.k = p.k;
   args.max_ctas = max_ctas;
+  args.epilogue = p.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   mok::grouped_gemm(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   return out.download();
@@ -89,9 +93,10 @@ void expect_matches_reference(const Fp8Problem& p, const std::vector<uint16_t>& 
     return static_cast<double>(mok::fp8::decode_e4m3(p.a[static_cast<size_t>(r * p.k + c)])) *
            mok::fp8::decode_ue8m0(p.a_scales[static_cast<size_t>(r * kb_count + c / 128)]);
   };
+  const int64_t b_rows = p.swiglu ? 2 * p.n : p.n;
   auto b_value = [&](int g, int64_t row, int64_t c) {
-    const size_t at = static_cast<size_t>((g * p.n + row) * p.k + c);
-    const size_t scale = static_cast<size_t>((g * (p.n / 128) + row / 128) * kb_count + c / 128);
+    const size_t at = static_cast<size_t>((g * b_rows + row) * p.k + c);
+    const size_t scale = static_cast<size_t>((g * (b_rows / 128) + row / 128) * kb_count + c / 128);
     return static_cast<double>(mok::fp8::decode_e4m3(p.b.values[at])) * mok::fp8::decode_ue8m0(p.b.scales[scale]);
   };
   int bad = 0;
@@ -103,11 +108,21 @@ void expect_matches_reference(const Fp8Problem& p, const std::vector<uint16_t>& 
         ASSERT_EQ(got, 0xFFFF) << "row " << r << " belongs to no group but was written";
         continue;
       }
-      double sum = 0, mag = 0;
+      double sum = 0, mag = 0, up = 0, up_mag = 0;
       for (int64_t c = 0; c < p.k; ++c) {
         const double v = a_value(r, c) * b_value(g, col, c);
         sum += v;
         mag += std::fabs(v);
+        if (p.swiglu) {
+          const double u = a_value(r, c) * b_value(g, p.n + col, c);
+          up += u;
+          up_mag += std::fabs(u);
+        }
+      }
+      if (p.swiglu) {  // silu(gate) * up; the magnitude bound follows both factors
+        const double silu = sum / (1.0 + std::exp(-sum));
+        mag = (mag + 1.0) * (std::fabs(up) + up_mag);
+        sum = silu * up;
       }
       const double value = mok::bf16_bits_to_float(got);
       if (!(std::fabs(value - sum) <= 4e-3 * std::fabs(sum) + 1e-5 * mag) && bad++ < 5) {
@@ -123,6 +138,15 @@ TEST(GroupedGemmFp8, MatchesTheDequantizedReference) {
   // Uneven groups, one empty, padding between them; k = 384 (three scale
   // blocks), n = 256 (two n-tiles).
   const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 256, 384, 1);
+  expect_matches_reference(p, run_fp8(p));
+}
+
+TEST(GroupedGemmFp8, SwiGLUMatchesTheDequantizedReference) {
+  MOK_REQUIRE_HOPPER();
+  // n = 192: three 64-column tiles; the up rows start at 192, inside a
+  // 128-row scale block (rows 128..255), so gate and up halves of a tile
+  // take different B scales.
+  const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 192, 256, 3, true);
   expect_matches_reference(p, run_fp8(p));
 }
 
@@ -158,7 +182,9 @@ TEST(GroupedGemmFp8, RejectsWhatItCannotRun) {
   { auto x = good; x.n = 64; refused(x, "n not a multiple of 128"); }
   { auto x = good; x.a_scales = nullptr; refused(x, "no a scales"); }
   { auto x = good; x.b_scales = nullptr; refused(x, "no b scales"); }
-  { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; refused(x, "SwiGLU"); }
+  { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLUBackward; refused(x, "SwiGLU backward"); }
+  { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; x.n = 64; EXPECT_NO_THROW(mok::validate_grouped_gemm(x)); }
+  { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; x.n = 96; refused(x, "SwiGLU n not a multiple of 64"); }
   { auto x = good; x.b_layout = mok::WeightLayout::kKN; refused(x, "k-by-n b"); }
 }
 

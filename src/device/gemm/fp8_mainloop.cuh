@@ -30,8 +30,9 @@ struct Fp8Scales {
   const uint8_t* a;  // [m_total, k_blocks]: one per row and 128 of K
   const uint8_t* b;  // [G, n_blocks, k_blocks]: one per 128 x 128 block of each group's B
   int32_t k_blocks;  // K / 128
-  int32_t n_blocks;  // N / 128
+  int32_t n_blocks;  // B rows / 128 (SwiGLU: 2N / 128)
   int32_t m_total;
+  int32_t up_rows;   // SwiGLU: N, where the up rows start in B (a tile's gate and up halves have a scale each)
 };
 
 // 2^(e - 127) (byte 0 is 2^-127, a subnormal; the quantizer never writes 255).
@@ -54,15 +55,22 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const uint8_t* a_top = row < scales.m_total ? scales.a + static_cast<int64_t>(row) * scales.k_blocks : nullptr;
   const uint8_t* a_low =
       row + 8 < scales.m_total ? scales.a + static_cast<int64_t>(row + 8) * scales.k_blocks : nullptr;
-  const uint8_t* b_scales =
-      scales.b + (static_cast<int64_t>(tile.group) * scales.n_blocks + tile.n0 / 128) * scales.k_blocks;
+  // B's scale rows: the tile's one 128-row block; a SwiGLU tile's gate half
+  // (rows n0 ..) and up half (rows up_rows + n0 ..) are 64 rows each, each
+  // inside one block, with a scale each.
+  constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;
+  const int64_t b_group = static_cast<int64_t>(tile.group) * scales.n_blocks;
+  const uint8_t* b_scales = scales.b + (b_group + tile.n0 / 128) * scales.k_blocks;
+  const uint8_t* b_up_scales = kSwiGLU ? scales.b + (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks
+                                       : b_scales;
   const bool releaser = lane == 0;
   float part[Cfg::kAccRegs];
   for (int kb = 0; kb < scales.k_blocks; ++kb) {
     // The stage's scales, loaded before its wait so the wait hides them.
     const float sb = ue8m0_value(__ldg(b_scales + kb));
-    const float s_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) * sb : 0.0f;
-    const float s_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) * sb : 0.0f;
+    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(b_up_scales + kb)) : sb;
+    const float sa_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) : 0.0f;
+    const float sa_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) : 0.0f;
     ring.consumer_wait(on_stall);
     auto& stage = smem.stages[ring.stage];
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
@@ -79,9 +87,14 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     wgmma::wait_group<0>();  // the partial sum is needed now
     if (releaser) ring.consumer_release(ring.stage);
     ring.advance();
+    // d[4j + 2h + e]: row half h, column chunk j (SwiGLU: the up half from
+    // chunk BN / 16 on). Each scale is a product of two powers of two: exact.
+    const float s_top = __fmul_rn(sa_top, sb), s_low = __fmul_rn(sa_low, sb);
+    const float s_top_up = __fmul_rn(sa_top, sb_up), s_low_up = __fmul_rn(sa_low, sb_up);
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) {
-      const float s = ((i / 2) % 2) ? s_low : s_top;  // d[4j + 2h + e]: row half h
+      const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
+      const float s = ((i / 2) % 2) ? (up ? s_low_up : s_low) : (up ? s_top_up : s_top);
       acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
     }
   }
