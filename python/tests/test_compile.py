@@ -83,12 +83,11 @@ def test_compile_with_aot_autograd_traces_the_grouped_gemm():
     assert out.shape == (64, 96)
 
 
-@pytest.mark.skipif(not has_kernel_ops(), reason="libmok_torch.so predates the backward ops")
-def test_aot_autograd_traces_the_staged_backward_into_one_graph():
+def _capturing_backend(graphs: dict):
+    """A torch.compile backend running AOTAutograd that keeps the forward and
+    backward graphs it compiles in graphs["forward"] / graphs["backward"]."""
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
-
-    graphs = {}
 
     def backend(gm, example_inputs):
         def keep(kind):
@@ -97,6 +96,13 @@ def test_aot_autograd_traces_the_staged_backward_into_one_graph():
                 return make_boxed_func(graph.forward)
             return compiler
         return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    return backend
+
+
+@pytest.mark.skipif(not has_kernel_ops(), reason="libmok_torch.so predates the backward ops")
+def test_aot_autograd_traces_the_staged_backward_into_one_graph():
+    graphs = {}
+    backend = _capturing_backend(graphs)
 
     xs, ids, ws, w13, w2, sw13, sw2 = _layer(32, world=2)
     leaves = xs + ws + w13 + w2 + [sw13, sw2]
@@ -121,18 +127,8 @@ def test_the_schemas_are_static():
 
 @pytest.mark.skipif(not hasattr(torch.ops.mok, "fused_forward_train"), reason="libmok_torch.so predates save mode")
 def test_aot_autograd_traces_save_mode_without_the_recompute():
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     graphs = {}
-
-    def backend(gm, example_inputs):
-        def keep(kind):
-            def compiler(graph, inputs):
-                graphs[kind] = graph
-                return make_boxed_func(graph.forward)
-            return compiler
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    backend = _capturing_backend(graphs)
 
     xs, ids, ws, w13, w2, sw13, sw2 = _layer(32, world=2)
     leaves = xs + ws + w13 + w2 + [sw13, sw2]
