@@ -7,6 +7,11 @@ quantized beforehand (kernel time only); paired rounds (bench_fused_forward
 measured in the same run (8192^3 torch._scaled_mm and matmul). Each result is
 checked against fp32 torch over the dequantized operands first.
 
+Then the layer: the staged FP8 forward (mok/fp8_forward.py, not fused)
+against mok's fused BF16 forward and the torch-native BF16 pipeline on the
+DeepSeek-V3 slice, with each one's error against an fp32 torch computation of
+the layer.
+
 usage: python3 bench/bench_grouped_gemm_fp8.py
 """
 from __future__ import annotations
@@ -17,8 +22,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fused_forward import dense_peak_tflops, median_ms, paired_ms  # noqa: E402
+from bench_fused_forward import SHAPES, dense_peak_tflops, make_layer, median_ms, paired_ms, torch_native  # noqa: E402
 import mok  # noqa: E402
+from mok.fp8_forward import staged_fp8_forward  # noqa: E402
+from mok.testing import reference_forward  # noqa: E402
 
 
 def fp8_peak_tflops():
@@ -84,5 +91,26 @@ def main():
               f" {tt:>13.3f} {tt / tf:>9.2f}")
 
 
+def layer_comparison():
+    name, T, H, I, E, k, shared = SHAPES[0]
+    layer = make_layer(T, H, I, E, k, shared)
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    q13, q2 = mok.quantize_weights(w13), mok.quantize_weights(w2)
+    fp8 = lambda: staged_fp8_forward(x, ids, w, q13, q2, sw13, sw2)  # noqa: E731
+    bf16 = lambda: mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E)[0]  # noqa: E731
+    native = lambda: torch_native(*layer)  # noqa: E731
+    # The fp32 layer on a slice of tokens (the full slice in fp32 torch would take minutes).
+    rows = 256
+    exact = reference_forward(x[:rows], ids[:rows], w[:rows], w13, w2, sw13, sw2)
+    errors = {label: float((fn()[:rows].float() - exact).norm() / exact.norm())
+              for label, fn in (("staged fp8", fp8), ("fused bf16", bf16), ("torch-native bf16", native))}
+    t_bf16, t_fp8 = paired_ms(bf16, fp8)
+    t_native, _ = paired_ms(native, fp8)
+    print(f"\n{name} layer: staged fp8 {t_fp8:.3f} ms, mok fused bf16 {t_bf16:.3f} ms "
+          f"({t_bf16 / t_fp8:.2f}x), torch-native bf16 {t_native:.3f} ms ({t_native / t_fp8:.2f}x); error vs fp32 "
+          f"on {rows} tokens: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+
+
 if __name__ == "__main__":
     main()
+    layer_comparison()
