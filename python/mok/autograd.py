@@ -14,10 +14,12 @@
                      mok/ep_backward.py, through an autograd.Function.)
 
 Weight gradients reach autograd in the weights' dtype (bf16): the kernels
-accumulate in fp32 and the staged backward rounds once. A trainer that wants
-fp32 gradient accumulation over micro-batches can call mok.weight_grad_mm_acc_
-(or mok.staged_backward.layer_backward, whose weight gradients are fp32)
-itself. Double backward (create_graph=True) is not supported and raises.
+accumulate in fp32 and the staged backward rounds once. For fp32 gradient
+accumulation over micro-batches (Megatron's main_grad), hang a float32
+`main_grad` of the weight's shape on the weight (mok.nn.MoE(fp32_main_grad=
+True) does): mok.fused_forward's backward then adds each weight gradient to
+it (weight_grad_mm_acc_: one fp32 addition per element and call) and returns
+no .grad for that weight. Double backward (create_graph=True) is not supported and raises.
 """
 
 from __future__ import annotations
@@ -63,9 +65,24 @@ def _fit(ctx, grads: tuple) -> tuple:
 # Arguments: x, expert_ids, weights, w13, w2 (lists, one entry per rank),
 # shared_w13, shared_w2, num_experts, tuning, check_errors.
 
+def _main_grads(w13, w2, shared_w13, shared_w2):
+    """The fp32 `main_grad` buffers a trainer hung on the weights (one rank:
+    the buffer must cover the whole tensor the backward computes)."""
+    def main(t):
+        m = getattr(t, "main_grad", None) if t is not None else None
+        if m is not None and (m.dtype != torch.float32 or m.shape != t.shape or not m.is_contiguous()):
+            raise ValueError(f"mok: main_grad of a {tuple(t.shape)} weight must be a contiguous float32 tensor of "
+                             f"its shape (got {m.dtype} {tuple(m.shape)})")
+        return m
+    one = len(w13) == 1
+    return staged_backward.MainGrads(main(w13[0]) if one else None, main(w2[0]) if one else None,
+                                     main(shared_w13), main(shared_w2))
+
+
 def _setup_fused_forward(ctx, inputs, output, kept=()):
     x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning, _ = inputs
     ctx.world = len(x)
+    ctx.main_grads = _main_grads(w13, w2, shared_w13, shared_w2)
     ctx.tuning_is_empty_list = len(tuning) == 0  # its "gradient" must mirror that (see _fit)
     ctx.save_for_backward(*x, *expert_ids, *weights, *w13, *w2, shared_w13, shared_w2, *kept)
 
@@ -116,7 +133,8 @@ def _fused_forward_backward(ctx, douts, kept=None):
     # The virtual world's ranks concatenated: global token order, global experts.
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
-        needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x])
+        needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x],
+        main_grads=ctx.main_grads)
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
     result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),

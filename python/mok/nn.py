@@ -103,13 +103,17 @@ class MoE(torch.nn.Module):
     then up rows), w2 [E, H, I]; shared_w13 [2S, H], shared_w2 [H, S] (or None).
     hidden, intermediate and shared_intermediate must be multiples of 64.
     save_activations: the backward's save mode (see mok.fused_forward; only
-    while grad is enabled). Keyword tuning options (minibatch_rows, ring_slots, ...) go to
+    while grad is enabled). fp32_main_grad: each expert weight gets a float32
+    `main_grad` that its gradients are added to, micro-batch after
+    micro-batch, in place of .grad (which stays None; zero main_grad yourself
+    after the optimizer step). The router's weight keeps its ordinary .grad. Keyword tuning options (minibatch_rows, ring_slots, ...) go to
     mok.fused_forward unchanged.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
                  shared_intermediate: int = 0, router: TopKRouter | None = None, device=None,
-                 dtype: torch.dtype = torch.bfloat16, save_activations: bool = False, **tuning):
+                 dtype: torch.dtype = torch.bfloat16, save_activations: bool = False, fp32_main_grad: bool = False,
+                 **tuning):
         super().__init__()
         for name, value in (("hidden", hidden), ("intermediate", intermediate),
                             ("shared_intermediate", shared_intermediate)):
@@ -137,6 +141,10 @@ class MoE(torch.nn.Module):
             self.shared_w2 = param(hidden, shared_intermediate, fan_in=shared_intermediate)
         else:
             self.shared_w13 = self.shared_w2 = None
+        if fp32_main_grad:  # gradients accumulate here, in fp32, instead of in .grad
+            for p in (self.w13, self.w2, self.shared_w13, self.shared_w2):
+                if p is not None:
+                    p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden:

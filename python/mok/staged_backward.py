@@ -44,6 +44,7 @@ class BackwardOps(NamedTuple):
     swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
     weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
     row_combine: Callable         # (rows, row_index int32 [T, k], base | None) -> bf16 [T, width]
+    weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows): out += the sums
 
 
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
@@ -62,7 +63,8 @@ def kernel_ops() -> BackwardOps:
         raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
                            "staged backward); rebuild it (scripts/build.sh, or pip install --no-build-isolation .)")
     m = torch.ops.mok
-    return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm, m.row_combine)
+    return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm, m.row_combine,
+                       m.weight_grad_mm_acc_)
 
 
 def ops_for(device: torch.device) -> BackwardOps:
@@ -72,6 +74,17 @@ def ops_for(device: torch.device) -> BackwardOps:
         from .testing import reference_ops
         return reference_ops()
     return kernel_ops()
+
+
+class MainGrads(NamedTuple):
+    """fp32 buffers the weight gradients are added to (gradient accumulation
+    over micro-batches: each sum added once, in call order), None where the
+    gradient is returned instead: w13 [E, 2I, H], w2 [E, H, I], shared_w13
+    [2S, H], shared_w2 [H, S]."""
+    w13: torch.Tensor | None = None
+    w2: torch.Tensor | None = None
+    shared_w13: torch.Tensor | None = None
+    shared_w2: torch.Tensor | None = None
 
 
 class Needs(NamedTuple):
@@ -165,23 +178,39 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset, group_rows)
 
 
+def _weight_grads(ops: BackwardOps, pairs, group_offset, group_rows, groups, grad_dtype):
+    """For each (needed, a, b, main) of `pairs`: a^T b summed per group -- added
+    to `main` (fp32, returned None) when given, else returned."""
+    out = []
+    for needed, a, b, main in pairs:
+        if not needed:
+            out.append(None)
+        elif main is not None:
+            ops.weight_grad_mm_acc_(main.view(groups, main.shape[-2], main.shape[-1]), a, b, group_offset, group_rows)
+            out.append(None)
+        else:
+            out.append(ops.weight_grad_mm(a, b, group_offset, group_rows, groups, grad_dtype))
+    return out
+
+
 def _routed_rows(dout_rows, x_rows, w_rows, w13, w2, group_offset, group_rows, needs: Needs, ops: BackwardOps,
-                 grad_dtype, preact: torch.Tensor | None = None):
+                 grad_dtype, preact: torch.Tensor | None = None, main: MainGrads = MainGrads()):
     """The grouped kernels on rows already in schedule order (each expert's
     rows in global token order): (dx_rows | None, d w per row, dW13 | None,
-    dW2 | None). preact None: recompute mode."""
+    dW2 | None). preact None: recompute mode; main: buffers to add the weight
+    gradients to instead of returning them."""
     E = w13.shape[0]
     if preact is None:  # recompute mode
         preact = ops.grouped_mm(x_rows, w13, group_offset, group_rows)
     d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows)
     dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13 = ops.weight_grad_mm(d13, x_rows, group_offset, group_rows, E, grad_dtype) if needs.w13 else None
-    dw2 = ops.weight_grad_mm(dout_rows, hw, group_offset, group_rows, E, grad_dtype) if needs.w2 else None
+    dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, main.w13), (needs.w2, dout_rows, hw, main.w2)),
+                              group_offset, group_rows, E, grad_dtype)
     return dx_rows, dscale, dw13, dw2
 
 
 def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOps, grad_dtype,
-            schedule: Schedule | None = None, preact: torch.Tensor | None = None):
+            schedule: Schedule | None = None, preact: torch.Tensor | None = None, main: MainGrads = MainGrads()):
     """(slot_rows int32 [T, k] | None, dx_rows bf16 [T k, H] | None, dweights fp32 [T, k] | None,
     dw13, dw2): dx_rows[slot_rows[t, j]] is slot j's part of dx[t]."""
     T, k = expert_ids.shape
@@ -193,14 +222,14 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
     w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
     dx_rows, dscale, dw13, dw2 = _routed_rows(dout_rows, x_rows, w_rows, w13, w2, s.group_offset, s.group_rows,
-                                              needs, ops, grad_dtype, preact)
+                                              needs, ops, grad_dtype, preact, main)
     slot_rows = s.row_of_entry.view(T, k).to(torch.int32) if needs.x else None
     dweights = dscale.index_select(0, s.row_of_entry).view(T, k) if needs.weights else None
     return slot_rows, dx_rows, dweights, dw13, dw2
 
 
 def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad_dtype,
-            preact: torch.Tensor | None = None):
+            preact: torch.Tensor | None = None, main: MainGrads = MainGrads()):
     """(dx_shared bf16 [T, H] | None, dshared_w13, dshared_w2): one group of every token, weight 1."""
     T = x.shape[0]
     # Factory ops, not torch.tensor(list): under torch.compile these must be fake tensors too.
@@ -211,15 +240,15 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
         preact = ops.grouped_mm(x, w13, group_offset, group_rows)
     d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
     dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13 = ops.weight_grad_mm(d13, x, group_offset, group_rows, 1, grad_dtype)[0] if needs.shared_w13 else None
-    dw2 = ops.weight_grad_mm(dout, h, group_offset, group_rows, 1, grad_dtype)[0] if needs.shared_w2 else None
-    return dx, dw13, dw2
+    dw13, dw2 = _weight_grads(ops, ((needs.shared_w13, d13, x, main.shared_w13),
+                                    (needs.shared_w2, dout, h, main.shared_w2)), group_offset, group_rows, 1, grad_dtype)
+    return dx, None if dw13 is None else dw13[0], None if dw2 is None else dw2[0]
 
 
 def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                    needs: Needs = Needs(), ops: BackwardOps | None = None,
                    grad_dtype: torch.dtype | None = None, saved: SavedForward | None = None,
-                   tokens_per_rank=None) -> LayerGrads:
+                   tokens_per_rank=None, main_grads: MainGrads = MainGrads()) -> LayerGrads:
     """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
     rank holding every token and every expert (global ids index w13 [E, 2I, H]
     and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
@@ -228,7 +257,9 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     weight's gradient is). saved: what the forward's training mode kept (save
     mode: its schedule and pre-activations are used, nothing is recomputed),
     with tokens_per_rank the ranks' token counts (x is their concatenation);
-    None: recompute mode."""
+    None: recompute mode. main_grads: fp32 buffers the weight gradients are
+    added to instead of being returned (their entries in the result are None).
+    """
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
     dout = dout.to(x.dtype).contiguous()
@@ -241,13 +272,14 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
             schedule = saved_schedule(saved, tokens_per_rank or [T], expert_ids.shape[1])
             preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
         slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops,
-                                                          grad_dtype, schedule, preact)
+                                                          grad_dtype, schedule, preact, main_grads)
     if has_shared and (needs.x or needs.shared_w13 or needs.shared_w2):
         shared_preact = None
         if saved is not None:
             shared_preact = torch.cat(list(saved.shared_preact)) if len(saved.shared_preact) > 1 else \
                 saved.shared_preact[0]
-        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype, shared_preact)
+        dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype, shared_preact,
+                                         main_grads)
     dx = None
     if needs.x:
         # The forward's combine order: shared part, then slots 0..k-1, in fp32,
@@ -256,5 +288,5 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
 
 
-__all__ = ["BackwardOps", "LayerGrads", "Needs", "SavedForward", "Schedule", "saved_schedule", "has_kernel_ops", "kernel_ops", "layer_backward",
+__all__ = ["BackwardOps", "LayerGrads", "MainGrads", "Needs", "SavedForward", "Schedule", "saved_schedule", "has_kernel_ops", "kernel_ops", "layer_backward",
            "ops_for", "routed_schedule"]

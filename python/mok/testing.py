@@ -180,7 +180,7 @@ def reference_ops(**swiglu_options):
         swiglu = functools.partial(reference_swiglu_backward_mm, **swiglu_options)
     return BackwardOps(grouped_mm=reference_grouped_mm, grouped_mm_kn=reference_grouped_mm_kn,
                        swiglu_backward_mm=swiglu, weight_grad_mm=reference_weight_grad_mm,
-                       row_combine=reference_row_combine)
+                       row_combine=reference_row_combine, weight_grad_mm_acc_=reference_weight_grad_mm_acc_)
 
 
 def reference_layer_grads(x, ids, w, w13, w2, shared_w13, shared_w2, dout):

@@ -251,3 +251,35 @@ def test_moe_trains():
         losses = train_moe_a_few_steps("cpu")
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_fp32_main_grad_accumulates_each_micro_batch_once():
+    from mok.nn import MoE
+    from mok.testing import cpu_reference_forward
+    torch.manual_seed(0)
+    moe = MoE(64, 64, 4, 2, shared_intermediate=64, fp32_main_grad=True)
+    batches = [torch.randn(10, 64, generator=torch.Generator().manual_seed(s)).bfloat16() for s in (1, 2)]
+    with cpu_reference_forward():
+        for x in batches:
+            moe(x).float().square().sum().backward()
+    experts = [moe.w13, moe.w2, moe.shared_w13, moe.shared_w2]
+    assert all(p.grad is None for p in experts)
+    # The same sums, returned in fp32 per micro-batch and added in order.
+    want = [torch.zeros_like(p, dtype=torch.float32) for p in experts]
+    for x in batches:
+        tokens = x.contiguous()
+        ids, w = moe.router(tokens)
+        with cpu_reference_forward():
+            out = mok.fused_forward([tokens], [ids], [w], [moe.w13.detach()], [moe.w2.detach()],
+                                    moe.shared_w13.detach(), moe.shared_w2.detach(), num_experts=4)[0]
+        dout = (2 * out.float()).bfloat16()  # d/d out of sum(out^2)
+        g = layer_backward(dout, tokens, ids, w.detach(), moe.w13.detach(), moe.w2.detach(), moe.shared_w13.detach(),
+                           moe.shared_w2.detach(), ops=reference_ops())
+        for acc, grad in zip(want, (g.dw13, g.dw2, g.dshared_w13, g.dshared_w2)):
+            acc += grad
+    for p, w in zip(experts, want):
+        assert torch.equal(p.main_grad, w)
+    # A main_grad of the wrong dtype is refused by name.
+    moe.w13.main_grad = torch.zeros_like(moe.w13)
+    with cpu_reference_forward(), pytest.raises(ValueError, match="main_grad"):
+        moe(batches[0]).float().sum().backward()
