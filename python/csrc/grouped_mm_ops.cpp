@@ -52,16 +52,9 @@ int64_t check_arguments(const at::Tensor& a, const at::Tensor& b, const at::Tens
   return kn ? b.size(2) : swiglu ? b.size(1) / 2 : b.size(1);
 }
 
-// kKN outputs are zeros on rows no group owns (they are data gradients,
-// whose padding rows a caller may sum); the forward's outputs leave them.
-at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-               const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
-               mok::WeightLayout layout = mok::WeightLayout::kNK) {
-  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = layout == mok::WeightLayout::kKN ? at::zeros({a.size(0), n}, a.options())
-                                                     : at::empty({a.size(0), n}, a.options());
-  if (a.size(0) == 0) return out;
+// The arguments every variant shares: operands, output, group table, sizes.
+mok::GroupedGemmArgs common_args(const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+                                 const at::Tensor& group_offset, const at::Tensor& group_rows, int64_t n) {
   mok::GroupedGemmArgs args;
   args.a = a.data_ptr();
   args.b = b.data_ptr();
@@ -72,10 +65,28 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   args.m_total = a.size(0);
   args.n = n;
   args.k = a.size(1);
+  return args;
+}
+
+void enqueue(const mok::GroupedGemmArgs& args, const at::Device& device) {
+  mok::torch_ops::raising_torch_errors(
+      [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(device.index()).stream()); });
+}
+
+// kKN outputs are zeros on rows no group owns (they are data gradients,
+// whose padding rows a caller may sum); the forward's outputs leave them.
+at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
+               const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
+               mok::WeightLayout layout = mok::WeightLayout::kNK) {
+  const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = layout == mok::WeightLayout::kKN ? at::zeros({a.size(0), n}, a.options())
+                                                     : at::empty({a.size(0), n}, a.options());
+  if (a.size(0) == 0) return out;
+  mok::GroupedGemmArgs args = common_args(a, b, out, group_offset, group_rows, n);
   args.epilogue = epilogue;
   args.b_layout = layout;
-  mok::torch_ops::raising_torch_errors(
-      [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()); });
+  enqueue(args, a.device());
   return out;
 }
 
@@ -154,22 +165,12 @@ at::Tensor run_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Te
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
   if (a.size(0) == 0) return out;
-  mok::GroupedGemmArgs args;
+  mok::GroupedGemmArgs args = common_args(a, b, out, group_offset, group_rows, n);
   args.element = mok::GemmElement::kE4M3;
-  args.a = a.data_ptr();
   args.a_scales = a_scales.data_ptr<uint8_t>();
-  args.b = b.data_ptr();
   args.b_scales = b_scales.data_ptr<uint8_t>();
-  args.out = out.data_ptr();
-  args.group_offset = group_offset.data_ptr<int32_t>();
-  args.group_rows = group_rows.data_ptr<int32_t>();
-  args.num_groups = static_cast<int>(b.size(0));
-  args.m_total = a.size(0);
-  args.n = n;
-  args.k = a.size(1);
   args.epilogue = swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
-  mok::torch_ops::raising_torch_errors(
-      [&] { mok::grouped_gemm(args, c10::cuda::getCurrentCUDAStream(a.device().index()).stream()); });
+  enqueue(args, a.device());
   return out;
 }
 

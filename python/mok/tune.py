@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime
 import fcntl
+import functools
 import json
 import math
 import os
@@ -253,6 +254,7 @@ def plot(result: SearchResult, path: str | os.PathLike) -> None:
 
 # ---- on a GPU ------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def driver_version() -> str:
     """The CUDA driver's version ("13000" for 13.0), from libcuda itself (torch
     has no public call for it); "0" where no driver is loaded."""
@@ -266,12 +268,21 @@ def driver_version() -> str:
         return "0"
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_facts(device_index: int) -> tuple:
+    """(name, SM count, CUDA version, driver version) of a GPU: read once per
+    device (mok.fused_forward asks on every call that has a tuning cache)."""
+    import torch
+    props = torch.cuda.get_device_properties(device_index)
+    return props.name, props.multi_processor_count, str(torch.version.cuda), driver_version()
+
+
 def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, device=None) -> TuneKey:
     import torch
-    props = torch.cuda.get_device_properties(device)
-    driver = driver_version()
-    return TuneKey(props.name, props.multi_processor_count, str(torch.version.cuda), driver, hidden, intermediate,
-                   experts, top_k, shared, tokens_bucket(tokens), world)
+    index = torch.cuda.current_device() if device is None or torch.device(device).index is None \
+        else torch.device(device).index
+    name, sms, cuda, driver = _gpu_facts(index)
+    return TuneKey(name, sms, cuda, driver, hidden, intermediate, experts, top_k, shared, tokens_bucket(tokens), world)
 
 
 def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10) -> Callable:

@@ -134,10 +134,13 @@ def test_the_driver_version_is_read_from_libcuda_or_is_zero_without_one(monkeypa
             ctypes.cast(out, ctypes.POINTER(ctypes.c_int)).contents.value = 12080
             return 0
 
+    driver_version.cache_clear()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibcuda())
     assert driver_version() == "12080"
+    driver_version.cache_clear()
 
     def missing(name):
         raise OSError(name + ": cannot open shared object file")
     monkeypatch.setattr(ctypes, "CDLL", missing)
     assert driver_version() == "0"
+    driver_version.cache_clear()
