@@ -12,6 +12,14 @@
 //   acc = fma_rn(part, sa * sb, acc)       later stages
 // sa * sb is an exact power of two, so the rescaling rounds nothing. The same
 // sequence for every element whatever the tile's place or the grid.
+//
+// Two partial sums take turns: stage kb + 1's wgmma run on the tensor cores
+// while stage kb's partial is promoted. With one, a warpgroup's tensor work
+// stops for every promotion, and the two consumer warpgroups (which read the
+// same stages) promote at the same moments: the tensor cores idled half the
+// time (ncu: tensor pipe 47% busy, docs/perf-notes.md f1). Register cost: one
+// more partial (64 per thread); the order of operations on every element is
+// unchanged, so the bits are too.
 #pragma once
 
 #include <cstdint>
@@ -64,15 +72,12 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const uint8_t* b_up_scales = kSwiGLU ? scales.b + (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks
                                        : b_scales;
   const bool releaser = lane == 0;
-  float part[Cfg::kAccRegs];
-  for (int kb = 0; kb < scales.k_blocks; ++kb) {
-    // The stage's scales, loaded before its wait so the wait hides them.
-    const float sb = ue8m0_value(__ldg(b_scales + kb));
-    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(b_up_scales + kb)) : sb;
-    const float sa_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) : 0.0f;
-    const float sa_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) : 0.0f;
+  // Issues the next stage's wgmma into `part` (one committed group); returns
+  // the stage it reads, to be handed back once that group has retired.
+  auto issue = [&](float(&part)[Cfg::kAccRegs]) {
     ring.consumer_wait(on_stall);
-    auto& stage = smem.stages[ring.stage];
+    const int held = ring.stage;
+    auto& stage = smem.stages[held];
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
     const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
     wgmma::fence_operands(part);
@@ -84,19 +89,67 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     }
     wgmma::commit_group();
     wgmma::fence_operands(part);
-    wgmma::wait_group<0>();  // the partial sum is needed now
-    if (releaser) ring.consumer_release(ring.stage);
     ring.advance();
-    // d[4j + 2h + e]: row half h, column chunk j (SwiGLU: the up half from
-    // chunk BN / 16 on). Each scale is a product of two powers of two: exact.
-    const float s_top = __fmul_rn(sa_top, sb), s_low = __fmul_rn(sa_low, sb);
-    const float s_top_up = __fmul_rn(sa_top, sb_up), s_low_up = __fmul_rn(sa_low, sb_up);
+    return held;
+  };
+  // Stage kb's four scales (sa * sb for the top and low rows, gate and up
+  // halves), loaded before its wait so that the wait hides their latency.
+  // Each is a product of two powers of two: exact.
+  struct StageScales {
+    float top, low, top_up, low_up;
+  };
+  auto load_scales = [&](int kb) {
+    const float sb = ue8m0_value(__ldg(b_scales + kb));
+    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(b_up_scales + kb)) : sb;
+    const float sa_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) : 0.0f;
+    const float sa_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) : 0.0f;
+    return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
+                       __fmul_rn(sa_low, sb_up)};
+  };
+  // Adds stage kb's retired partial sum into acc. d[4j + 2h + e]: row half
+  // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
+  auto promote = [&](float(&part)[Cfg::kAccRegs], int kb, const StageScales& sc) {
+    wgmma::fence_operands(part);
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) {
       const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
-      const float s = ((i / 2) % 2) ? (up ? s_low_up : s_low) : (up ? s_top_up : s_top);
+      const float s = ((i / 2) % 2) ? (up ? sc.low_up : sc.low) : (up ? sc.top_up : sc.top);
       acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
     }
+  };
+  // Stage kb is in flight in part_even (kb even) or part_odd (kb odd) when
+  // the loop reaches it; the next one is issued before kb is waited for. No
+  // wgmma or wait sits in a conditional branch: ptxas serializes every wgmma
+  // of a kernel whose accumulators it must guard on a divergent path.
+  float part_even[Cfg::kAccRegs], part_odd[Cfg::kAccRegs];
+  const int k_blocks = scales.k_blocks;
+  int held = issue(part_even);
+  int kb = 0;
+  while (true) {
+    if (kb + 1 >= k_blocks) break;  // the last stage is in part_even
+    StageScales sc = load_scales(kb);
+    int next = issue(part_odd);
+    wgmma::wait_group<1>();
+    if (releaser) ring.consumer_release(held);
+    promote(part_even, kb, sc);
+    held = next;
+    ++kb;
+    if (kb + 1 >= k_blocks) break;  // the last stage is in part_odd
+    sc = load_scales(kb);
+    next = issue(part_even);
+    wgmma::wait_group<1>();
+    if (releaser) ring.consumer_release(held);
+    promote(part_odd, kb, sc);
+    held = next;
+    ++kb;
+  }
+  const StageScales last = load_scales(kb);
+  wgmma::wait_group<0>();
+  if (releaser) ring.consumer_release(held);
+  if (kb % 2 == 0) {
+    promote(part_even, kb, last);
+  } else {
+    promote(part_odd, kb, last);
   }
 }
 

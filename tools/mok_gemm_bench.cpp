@@ -1,0 +1,205 @@
+// mok_gemm_bench: times mok's grouped GEMM alone (bf16 or block-scaled FP8,
+// plain or SwiGLU epilogue) on one shape with random operands, and prints
+// the time and the useful TFLOP/s. It is the C++ target for profilers (ncu
+// on one launch: --iterations 1 --warmup 0) and for comparing builds; the
+// Python benchmarks (bench/bench_grouped_gemm*.py) add the torch baselines
+// and the correctness checks.
+//
+//   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu]
+//                  [--groups G] [--rows R] [--n N] [--k K]
+//                  [--warmup W] [--iterations I] [--ctas C]
+//
+// Defaults: the DeepSeek-V3 slice's gate/up GEMM (32 groups of 1024 rows,
+// n = 4096 weight rows, k = 7168), FP8, plain epilogue. With --epilogue
+// swiglu, n is the output width and b holds 2n rows.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "mok/error.hpp"
+#include "mok/grouped_gemm.hpp"
+
+namespace {
+
+struct Options {
+  bool fp8 = true;
+  bool swiglu = false;
+  int groups = 32;
+  int rows = 1024;  // per group
+  int64_t n = 4096;
+  int64_t k = 7168;
+  int warmup = 3;
+  int iterations = 20;
+  int ctas = 0;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "mok_gemm_bench: %s\n"
+               "usage: mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu] [--groups G] [--rows R]\n"
+               "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C]\n",
+               why);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") usage("times one grouped GEMM shape");
+    if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
+    const std::string value = argv[++i];
+    const auto number = [&] { return std::stoll(value); };
+    if (arg == "--element") {
+      if (value != "bf16" && value != "fp8") usage("--element: bf16 or fp8");
+      o.fp8 = value == "fp8";
+    } else if (arg == "--epilogue") {
+      if (value != "plain" && value != "swiglu") usage("--epilogue: plain or swiglu");
+      o.swiglu = value == "swiglu";
+    } else if (arg == "--groups") o.groups = static_cast<int>(number());
+    else if (arg == "--rows") o.rows = static_cast<int>(number());
+    else if (arg == "--n") o.n = number();
+    else if (arg == "--k") o.k = number();
+    else if (arg == "--warmup") o.warmup = static_cast<int>(number());
+    else if (arg == "--iterations") o.iterations = static_cast<int>(number());
+    else if (arg == "--ctas") o.ctas = static_cast<int>(number());
+    else usage(("unknown option " + arg).c_str());
+  }
+  if (o.groups < 1 || o.rows < 1 || o.iterations < 1 || o.warmup < 0) usage("sizes and counts must be positive");
+  return o;
+}
+
+// A fast generator: the operands only need to be varied and finite.
+struct XorShift {
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+// e4m3 bytes with magnitudes in [2^-3, 2^3): never NaN, never subnormal.
+std::vector<uint8_t> random_e4m3(size_t count, XorShift& rng) {
+  std::vector<uint8_t> v(count);
+  for (auto& x : v) {
+    const uint64_t r = rng.next();
+    x = static_cast<uint8_t>(((r & 1) << 7) | ((4 + (r >> 8) % 6) << 3) | ((r >> 16) & 7));
+  }
+  return v;
+}
+
+// ue8m0 scales around 1 (2^-4 .. 2^0).
+std::vector<uint8_t> random_scales(size_t count, XorShift& rng) {
+  std::vector<uint8_t> v(count);
+  for (auto& x : v) x = static_cast<uint8_t>(123 + rng.next() % 5);
+  return v;
+}
+
+// bf16 bits with magnitudes in [2^-7, 1).
+std::vector<uint16_t> random_bf16(size_t count, XorShift& rng) {
+  std::vector<uint16_t> v(count);
+  for (auto& x : v) {
+    const uint64_t r = rng.next();
+    x = static_cast<uint16_t>(((r & 1) << 15) | ((120 + (r >> 8) % 7) << 7) | ((r >> 16) & 127));
+  }
+  return v;
+}
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+  T* ptr = nullptr;
+  MOK_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(host.size(), 1) * sizeof(T)));
+  MOK_CUDA_CHECK(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return ptr;
+}
+
+int run(const Options& o) {
+  const int64_t m_total = static_cast<int64_t>(o.groups) * o.rows;
+  const int64_t b_rows = o.swiglu ? 2 * o.n : o.n;
+  std::vector<int32_t> offset(static_cast<size_t>(o.groups) + 1), rows(static_cast<size_t>(o.groups), o.rows);
+  for (int g = 0; g <= o.groups; ++g) offset[static_cast<size_t>(g)] = g * o.rows;
+
+  XorShift rng;
+  std::vector<void*> owned;
+  mok::GroupedGemmArgs args;
+  args.element = o.fp8 ? mok::GemmElement::kE4M3 : mok::GemmElement::kBF16;
+  args.epilogue = o.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
+  const size_t a_count = static_cast<size_t>(m_total * o.k), b_count = static_cast<size_t>(o.groups * b_rows * o.k);
+  if (o.fp8) {
+    uint8_t* a = upload(random_e4m3(a_count, rng));
+    uint8_t* b = upload(random_e4m3(b_count, rng));
+    uint8_t* a_scales = upload(random_scales(static_cast<size_t>(m_total * (o.k / 128)), rng));
+    uint8_t* b_scales = upload(random_scales(static_cast<size_t>(o.groups * (b_rows / 128) * (o.k / 128)), rng));
+    owned.insert(owned.end(), {a, b, a_scales, b_scales});
+    args.a = a;
+    args.b = b;
+    args.a_scales = a_scales;
+    args.b_scales = b_scales;
+  } else {
+    uint16_t* a = upload(random_bf16(a_count, rng));
+    uint16_t* b = upload(random_bf16(b_count, rng));
+    owned.insert(owned.end(), {a, b});
+    args.a = a;
+    args.b = b;
+  }
+  void* out = nullptr;
+  MOK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m_total * o.n) * 2));
+  owned.push_back(out);
+  int32_t* d_offset = upload(offset);
+  int32_t* d_rows = upload(rows);
+  owned.insert(owned.end(), {d_offset, d_rows});
+  args.out = out;
+  args.group_offset = d_offset;
+  args.group_rows = d_rows;
+  args.num_groups = o.groups;
+  args.m_total = m_total;
+  args.n = o.n;
+  args.k = o.k;
+  args.max_ctas = o.ctas;
+  mok::validate_grouped_gemm(args);
+
+  for (int i = 0; i < o.warmup; ++i) mok::grouped_gemm(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  MOK_CUDA_CHECK(cudaEventCreate(&start));
+  MOK_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms(static_cast<size_t>(o.iterations));
+  for (auto& t : ms) {
+    MOK_CUDA_CHECK(cudaEventRecord(start));
+    mok::grouped_gemm(args);
+    MOK_CUDA_CHECK(cudaEventRecord(stop));
+    MOK_CUDA_CHECK(cudaEventSynchronize(stop));
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(b_rows) * static_cast<double>(o.k);
+  std::printf("%s %s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
+              o.fp8 ? "fp8" : "bf16", o.swiglu ? "swiglu" : "plain", o.groups, o.rows, static_cast<long long>(o.n),
+              static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, ms.front(),
+              flops / median / 1e9);
+  MOK_CUDA_CHECK(cudaEventDestroy(start));
+  MOK_CUDA_CHECK(cudaEventDestroy(stop));
+  for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mok_gemm_bench: %s\n", e.what());
+    return 1;
+  }
+}
