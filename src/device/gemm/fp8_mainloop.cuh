@@ -17,7 +17,7 @@
 // while stage kb's partial is promoted. With one, a warpgroup's tensor work
 // stops for every promotion, and the two consumer warpgroups (which read the
 // same stages) promote at the same moments: the tensor cores idled half the
-// time (ncu: tensor pipe 47% busy, docs/perf-notes.md f1). Register cost: one
+// time (ncu: tensor pipe 47% busy, docs/perf-notes.md q1). Register cost: one
 // more partial (64 per thread); the order of operations on every element is
 // unchanged, so the bits are too.
 #pragma once
