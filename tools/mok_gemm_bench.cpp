@@ -1,6 +1,6 @@
 // mok_gemm_bench: times mok's grouped GEMM alone (bf16 or block-scaled FP8,
-// plain or SwiGLU epilogue) on one shape with random operands, and prints
-// the time and the useful TFLOP/s. It is the C++ target for profilers (ncu
+// plain or SwiGLU epilogue), or its grouped weight-gradient GEMM, on one
+// shape with random operands, and prints the time and the useful TFLOP/s. It is the C++ target for profilers (ncu
 // on one launch: --iterations 1 --warmup 0) and for comparing builds; the
 // Python benchmarks (bench/bench_grouped_gemm*.py) add the torch baselines
 // and the correctness checks.
@@ -8,10 +8,13 @@
 //   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu]
 //                  [--groups G] [--rows R] [--n N] [--k K]
 //                  [--warmup W] [--iterations I] [--ctas C]
+//   mok_gemm_bench --weight-grad fp32|bf16|accumulate [--groups G] [--rows R] [--n N] [--k K] ...
 //
 // Defaults: the DeepSeek-V3 slice's gate/up GEMM (32 groups of 1024 rows,
 // n = 4096 weight rows, k = 7168), FP8, plain epilogue. With --epilogue
-// swiglu, n is the output width and b holds 2n rows.
+// swiglu, n is the output width and b holds 2n rows. With --weight-grad,
+// each group's [k, n] gradient sums over its rows (a [rows, k], b [rows, n]),
+// written as fp32, bf16, or added to an fp32 buffer.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,11 +23,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_check.hpp"
 #include "mok/error.hpp"
 #include "mok/grouped_gemm.hpp"
+#include "mok/weight_grad.hpp"
 
 namespace {
 
@@ -38,6 +43,7 @@ struct Options {
   int warmup = 3;
   int iterations = 20;
   int ctas = 0;
+  std::string weight_grad;  // empty: the grouped GEMM; else fp32, bf16 or accumulate
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -70,6 +76,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--warmup") o.warmup = static_cast<int>(number());
     else if (arg == "--iterations") o.iterations = static_cast<int>(number());
     else if (arg == "--ctas") o.ctas = static_cast<int>(number());
+    else if (arg == "--weight-grad") {
+      if (value != "fp32" && value != "bf16" && value != "accumulate") usage("--weight-grad: fp32, bf16 or accumulate");
+      o.weight_grad = value;
+    }
     else usage(("unknown option " + arg).c_str());
   }
   if (o.groups < 1 || o.rows < 1 || o.iterations < 1 || o.warmup < 0) usage("sizes and counts must be positive");
@@ -122,14 +132,88 @@ T* upload(const std::vector<T>& host) {
   return ptr;
 }
 
-int run(const Options& o) {
-  const int64_t m_total = static_cast<int64_t>(o.groups) * o.rows;
-  const int64_t b_rows = o.swiglu ? 2 * o.n : o.n;
+// Median and minimum of `iterations` timed launches after `warmup` untimed ones.
+template <class Launch>
+std::pair<double, double> time_ms(const Options& o, const Launch& launch) {
+  for (int i = 0; i < o.warmup; ++i) launch();
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  MOK_CUDA_CHECK(cudaEventCreate(&start));
+  MOK_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms(static_cast<size_t>(o.iterations));
+  for (auto& t : ms) {
+    MOK_CUDA_CHECK(cudaEventRecord(start));
+    launch();
+    MOK_CUDA_CHECK(cudaEventRecord(stop));
+    MOK_CUDA_CHECK(cudaEventSynchronize(stop));
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+  }
+  MOK_CUDA_CHECK(cudaEventDestroy(start));
+  MOK_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front()};
+}
+
+struct Groups {
+  int32_t* offset;
+  int32_t* rows;
+};
+
+Groups upload_groups(const Options& o, std::vector<void*>& owned) {
   std::vector<int32_t> offset(static_cast<size_t>(o.groups) + 1), rows(static_cast<size_t>(o.groups), o.rows);
   for (int g = 0; g <= o.groups; ++g) offset[static_cast<size_t>(g)] = g * o.rows;
+  Groups d{upload(offset), upload(rows)};
+  owned.insert(owned.end(), {d.offset, d.rows});
+  return d;
+}
 
+int run_weight_grad(const Options& o) {
+  const int64_t m_total = static_cast<int64_t>(o.groups) * o.rows;
   XorShift rng;
   std::vector<void*> owned;
+  const Groups groups = upload_groups(o, owned);
+  mok::WeightGradArgs args;
+  uint16_t* a = upload(random_bf16(static_cast<size_t>(m_total * o.k), rng));
+  uint16_t* b = upload(random_bf16(static_cast<size_t>(m_total * o.n), rng));
+  void* out = nullptr;
+  const size_t out_count = static_cast<size_t>(o.groups) * static_cast<size_t>(o.k * o.n);
+  MOK_CUDA_CHECK(cudaMalloc(&out, out_count * (o.weight_grad == "bf16" ? 2 : 4)));
+  MOK_CUDA_CHECK(cudaMemset(out, 0, out_count * (o.weight_grad == "bf16" ? 2 : 4)));
+  owned.insert(owned.end(), {a, b, out});
+  args.a = a;
+  args.b = b;
+  if (o.weight_grad == "bf16") {
+    args.out_bf16 = out;
+  } else {
+    args.out = static_cast<float*>(out);
+  }
+  args.accumulate = o.weight_grad == "accumulate";
+  args.group_offset = groups.offset;
+  args.group_rows = groups.rows;
+  args.num_groups = o.groups;
+  args.m_total = m_total;
+  args.m = o.k;
+  args.n = o.n;
+  args.max_ctas = o.ctas;
+  mok::validate_weight_grad(args);
+  const auto [median, best] = time_ms(o, [&] { mok::grouped_weight_grad(args); });
+  const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(o.k) * static_cast<double>(o.n);
+  const double out_bytes = static_cast<double>(out_count) * (o.weight_grad == "bf16" ? 2 : o.weight_grad == "fp32" ? 4 : 8);
+  std::printf("weight grad (%s out): %d groups x %d rows, [%lld x %lld] each: %.3f ms (median of %d, min %.3f), "
+              "%.0f TFLOP/s, output %.2f GB (%.2f TB/s if alone)\n",
+              o.weight_grad.c_str(), o.groups, o.rows, static_cast<long long>(o.k), static_cast<long long>(o.n), median,
+              o.iterations, best, flops / median / 1e9, out_bytes / 1e9, out_bytes / median / 1e9);
+  for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));
+  return 0;
+}
+
+int run(const Options& o) {
+  if (!o.weight_grad.empty()) return run_weight_grad(o);
+  const int64_t m_total = static_cast<int64_t>(o.groups) * o.rows;
+  const int64_t b_rows = o.swiglu ? 2 * o.n : o.n;
+  XorShift rng;
+  std::vector<void*> owned;
+  const Groups groups = upload_groups(o, owned);
   mok::GroupedGemmArgs args;
   args.element = o.fp8 ? mok::GemmElement::kE4M3 : mok::GemmElement::kBF16;
   args.epilogue = o.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
@@ -154,41 +238,21 @@ int run(const Options& o) {
   void* out = nullptr;
   MOK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m_total * o.n) * 2));
   owned.push_back(out);
-  int32_t* d_offset = upload(offset);
-  int32_t* d_rows = upload(rows);
-  owned.insert(owned.end(), {d_offset, d_rows});
   args.out = out;
-  args.group_offset = d_offset;
-  args.group_rows = d_rows;
+  args.group_offset = groups.offset;
+  args.group_rows = groups.rows;
   args.num_groups = o.groups;
   args.m_total = m_total;
   args.n = o.n;
   args.k = o.k;
   args.max_ctas = o.ctas;
   mok::validate_grouped_gemm(args);
-
-  for (int i = 0; i < o.warmup; ++i) mok::grouped_gemm(args);
-  MOK_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  MOK_CUDA_CHECK(cudaEventCreate(&start));
-  MOK_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms(static_cast<size_t>(o.iterations));
-  for (auto& t : ms) {
-    MOK_CUDA_CHECK(cudaEventRecord(start));
-    mok::grouped_gemm(args);
-    MOK_CUDA_CHECK(cudaEventRecord(stop));
-    MOK_CUDA_CHECK(cudaEventSynchronize(stop));
-    MOK_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2];
+  const auto [median, best] = time_ms(o, [&] { mok::grouped_gemm(args); });
   const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(b_rows) * static_cast<double>(o.k);
   std::printf("%s %s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
               o.fp8 ? "fp8" : "bf16", o.swiglu ? "swiglu" : "plain", o.groups, o.rows, static_cast<long long>(o.n),
-              static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, ms.front(),
+              static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, best,
               flops / median / 1e9);
-  MOK_CUDA_CHECK(cudaEventDestroy(start));
-  MOK_CUDA_CHECK(cudaEventDestroy(stop));
   for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));
   return 0;
 }

@@ -26,6 +26,7 @@
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/named_barrier.cuh"
+#include "device/ptx/vector_io.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/sched/weight_grad_tiles.cuh"
 
@@ -132,38 +133,78 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
 // stores them rounded once to bf16. Rows past m and columns past n are not
 // written (m and n are multiples of 64). An empty group's tile is zeros, or
 // is left as is when accumulating.
+//
+// Both go through the warp's shared staging so that every global access is
+// a whole 128-byte line: straight from the wgmma fragment, a warp's store
+// touched 8 rows with 32 bytes each (16 for bf16, half a sector), and a
+// tile's 128 such stores per thread took about a third as long as its K
+// loop (docs/perf-notes.md b2).
 template <class Cfg, class Out>
-__device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::kAccRegs], int consumer,
-                                                       const WeightGradTile& tile, Out* out, int m, int n,
-                                                       bool accumulate) {
+__device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::kAccRegs], GemmSharedStorage<Cfg>& smem,
+                                                       int consumer, const WeightGradTile& tile, Out* out, int m,
+                                                       int n, bool accumulate) {
   if (tile.m0 + consumer * 64 >= m) return;  // this warpgroup's rows are all past m
   if (accumulate && tile.rows == 0) return;
-  const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
-  const int row = tile.m0 + consumer * 64 + warp * 16 + lane / 4;
-  Out* const top = out + static_cast<int64_t>(row) * n + tile.n0 + 2 * (lane % 4);  // rows row, row + 8
-  const int64_t down = static_cast<int64_t>(8) * n;
-  const int chunks = min(Cfg::kBlockN, n - tile.n0) / 8;  // 8-column chunks inside n
+  const int first_row = tile.m0 + consumer * 64 + warp * 16;
+  // An empty group's acc was never written: its tile is zeros. (A select,
+  // not a zeroed acc: zeroing it on that path alone made ptxas spill the
+  // accumulators around the K loop.)
+  const bool empty = tile.rows == 0;
+  if constexpr (sizeof(Out) == 2) {
+    store_tile_rows_of<Cfg>(
+        [&](int j, int h) {
+          return empty ? 0u : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        },
+        smem, consumer, tile.n0, n,
+        [&](int i) -> uint16_t* { return out + static_cast<int64_t>(tile.m0 + i) * n; });  // i: row within the tile
+  } else {
+    // Slabs of 32 fp32 columns: the warp's 16 rows x 128 bytes of staging.
+    // Staging row r holds its 16-byte chunks XOR-swizzled by r & 7, so the
+    // fragment's writes (8 rows x 32 bytes per instruction) and the read-out
+    // (4 rows x 128 bytes) are free of bank conflicts.
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const uint32_t base = shared_address(smem.staging[consumer * 4 + warp]);
+    const int frag_row = lane / 4;
+    const int c = lane & 7;  // read-out: the 16-byte chunk (4 columns) this lane moves
 #pragma unroll
-  for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-    if (j < chunks) {
+    for (int slab = 0; slab < Cfg::kBlockN / 32; ++slab) {
+      const int c0 = tile.n0 + slab * 32;
+      if (c0 >= n) break;  // warp-uniform
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // An empty group's acc was never written: its tile is zeros. (A
-        // select, not a zeroed acc: zeroing it on that path alone made ptxas
-        // spill the accumulators around the K loop.)
-        float2 v = tile.rows > 0 ? make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) : make_float2(0.f, 0.f);
-        if constexpr (sizeof(Out) == 2) {
-          *reinterpret_cast<uint32_t*>(top + h * down + 8 * j) = pack_bf16x2(v.x, v.y);
-        } else {
-          float2* dst = reinterpret_cast<float2*>(top + h * down + 8 * j);
-          if (accumulate) {
-            const float2 old = *dst;
-            v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
-          }
-          *dst = v;
+      for (int jj = 0; jj < 4; ++jj) {  // the slab's 8-column chunks
+        const int j = slab * 4 + jj;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = frag_row + 8 * h;
+          const int chunk = 2 * jj + (lane % 4) / 2;
+          const float x = empty ? 0.0f : acc[4 * j + 2 * h], y = empty ? 0.0f : acc[4 * j + 2 * h + 1];
+          st_shared_v2(base + r * 128 + ((chunk ^ (r & 7)) * 16) + (lane % 2) * 8, x, y);
         }
       }
+      __syncwarp();
+      uint4 v[4];
+#pragma unroll
+      for (int it = 0; it < 4; ++it) {
+        const int r = it * 4 + (lane >> 3);
+        v[it] = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
+      }
+      __syncwarp();  // every lane's reads precede the next slab's writes
+      Out* const dst = out + static_cast<int64_t>(first_row) * n + c0 + c * 4;
+      if (accumulate) {  // all four old lines in flight at once, then one addition each
+        uint4 old[4];
+#pragma unroll
+        for (int it = 0; it < 4; ++it) old[it] = ld_global_v4(dst + static_cast<int64_t>(it * 4 + (lane >> 3)) * n);
+#pragma unroll
+        for (int it = 0; it < 4; ++it) {
+          v[it] = make_uint4(__float_as_uint(__fadd_rn(__uint_as_float(old[it].x), __uint_as_float(v[it].x))),
+                             __float_as_uint(__fadd_rn(__uint_as_float(old[it].y), __uint_as_float(v[it].y))),
+                             __float_as_uint(__fadd_rn(__uint_as_float(old[it].z), __uint_as_float(v[it].z))),
+                             __float_as_uint(__fadd_rn(__uint_as_float(old[it].w), __uint_as_float(v[it].w))));
+        }
+      }
+#pragma unroll
+      for (int it = 0; it < 4; ++it) st_global_v4(dst + static_cast<int64_t>(it * 4 + (lane >> 3)) * n, v[it]);
     }
   }
 }

@@ -72,9 +72,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear);
       const int64_t first = static_cast<int64_t>(tile.group) * params.m * params.n;
       if (params.out_bf16 != nullptr) {
-        store_weight_grad_tile<Cfg>(acc, consumer, tile, params.out_bf16 + first, params.m, params.n, false);
+        store_weight_grad_tile<Cfg>(acc, smem, consumer, tile, params.out_bf16 + first, params.m, params.n, false);
       } else {
-        store_weight_grad_tile<Cfg>(acc, consumer, tile, params.out + first, params.m, params.n,
+        store_weight_grad_tile<Cfg>(acc, smem, consumer, tile, params.out + first, params.m, params.n,
                                     params.accumulate != 0);
       }
     }
