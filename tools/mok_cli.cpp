@@ -20,6 +20,9 @@
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
+#include "routing_mode.hpp"
+#include "tune/option_set.hpp"
+#include "tune/tune_args.hpp"
 
 #if defined(MOK_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -27,9 +30,11 @@
 #include <memory>
 
 #include "common/cuda_check.hpp"
+#include "forward_timing.hpp"
+#include "gpu_energy.hpp"
 #include "mok/bf16.hpp"
 #include "mok/device_layer.hpp"
-#include "gpu_energy.hpp"
+#include "tune/tune_gpu.hpp"
 #endif
 
 namespace {
@@ -60,6 +65,7 @@ void print_usage() {
   const mok::FusedForwardOptions defaults;
   std::printf(
       "usage: mok_cli [options]\n"
+      "       mok_cli tune [options]   (find and cache the fastest tuning options: mok_cli tune --help)\n"
       "  With a Hopper GPU: runs the fused forward (virtual world of R ranks on one GPU),\n"
       "  times it, and checks it against the CPU reference when that is affordable.\n"
       "  Without one (or with --cpu): runs the CPU reference.\n"
@@ -108,16 +114,10 @@ std::vector<int> parse_list(const std::string& text) {
 // without its leading dashes, the name --compare takes too), or comm-ctas,
 // the older name of comm-ctas-per-rank; null for an unknown key.
 int* tuning_option(mok::FusedForwardOptions& options, const std::string& key) {
-  if (key == "comm-ctas") return &options.comm_ctas_per_rank;
-  auto dashed = [](std::string name) {
-    std::replace(name.begin(), name.end(), '_', '-');
-    return name;
-  };
-#define MOK_OPTION_FIELD(name) \
-  if (key == dashed(#name)) return &options.name;
-  MOK_FOR_EACH_TUNING_OPTION(MOK_OPTION_FIELD)
-#undef MOK_OPTION_FIELD
-  return nullptr;
+  if (key.find('_') != std::string::npos) return nullptr;  // the CLI's names have dashes only
+  std::string name = key == "comm-ctas" ? "comm_ctas_per_rank" : key;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return mok::tune::option_field(options, name);
 }
 
 Options parse(int argc, char** argv) {
@@ -160,12 +160,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-mok::synthetic::RoutingMode routing_mode(const std::string& name) {
-  if (name == "uniform") return mok::synthetic::RoutingMode::kUniform;
-  if (name == "skewed") return mok::synthetic::RoutingMode::kSkewed;
-  if (name == "same") return mok::synthetic::RoutingMode::kSameExperts;
-  throw mok::Error("--routing " + name + ": expected uniform, skewed or same");
-}
+using mok::tools::routing_mode;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -236,45 +231,8 @@ int run_cpu(const Options& o) {
 }
 
 #if defined(MOK_HAVE_CUDA)
-// Median of `iterations` timed runs (CUDA events), after warm-up.
-struct ForwardTiming {
-  double pass_ms;          // median of single passes, each timed alone (the host's enqueue counts)
-  double back_to_back_ms;  // mean over passes enqueued back to back (the host runs ahead, as in training)
-  double enqueue_us;       // median host time of one run() call
-};
-
-ForwardTiming time_forward(mok::FusedForward& forward, const std::vector<mok::RankTensors>& tensors, int iterations) {
-  cudaEvent_t start, stop;
-  MOK_CUDA_CHECK(cudaEventCreate(&start));
-  MOK_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) forward.run(tensors);
-  forward.check();
-  std::vector<float> ms;
-  std::vector<double> enqueue_us;
-  for (int i = 0; i < iterations; ++i) {
-    MOK_CUDA_CHECK(cudaEventRecord(start));
-    const auto host_start = std::chrono::steady_clock::now();
-    forward.run(tensors);
-    enqueue_us.push_back(seconds_since(host_start) * 1e6);
-    MOK_CUDA_CHECK(cudaEventRecord(stop));
-    MOK_CUDA_CHECK(cudaEventSynchronize(stop));
-    float elapsed = 0;
-    MOK_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-    ms.push_back(elapsed);
-  }
-  MOK_CUDA_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < iterations; ++i) forward.run(tensors);
-  MOK_CUDA_CHECK(cudaEventRecord(stop));
-  MOK_CUDA_CHECK(cudaEventSynchronize(stop));
-  float total = 0;
-  MOK_CUDA_CHECK(cudaEventElapsedTime(&total, start, stop));
-  forward.check();
-  MOK_CUDA_CHECK(cudaEventDestroy(start));
-  MOK_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  std::sort(enqueue_us.begin(), enqueue_us.end());
-  return {ms[ms.size() / 2], total / static_cast<double>(iterations), enqueue_us[enqueue_us.size() / 2]};
-}
+using mok::tools::ForwardTiming;
+using mok::tools::time_forward;
 
 // About a second of passes back to back, measured by NVML: energy per pass
 // and per useful FLOP, mean power and SM clock (the H200 trades clock for
@@ -338,48 +296,36 @@ mok::FusedForwardOptions apply_set(mok::FusedForwardOptions options, const std::
 }
 
 // The base options and every --compare set, timed in turn for o.rounds
-// rounds; prints each round and the median ratio to the base per set.
+// rounds (forward_timing.hpp's paired rounds); prints each timing and the
+// median ratio to the base per set.
 void compare_options(const Options& o, const mok::LayerConfig& config, const mok::FusedForwardOptions& base,
                      mok::FusedForward& base_forward, const mok::DeviceLayer& device) {
-  struct Candidate {
-    std::string label;
-    std::unique_ptr<mok::FusedForward> owned;
-    mok::FusedForward* forward;
-    std::vector<double> ratio_alone, ratio_back_to_back;
-  };
-  std::vector<Candidate> candidates;
-  candidates.push_back({"base", nullptr, &base_forward, {}, {}});
+  std::vector<std::string> labels{"base"};
+  std::vector<std::unique_ptr<mok::FusedForward>> owned;
+  std::vector<mok::FusedForward*> forwards{&base_forward};
   for (const std::string& set : o.compare) {
-    auto forward = std::make_unique<mok::FusedForward>(config, apply_set(base, set));
-    mok::FusedForward* raw = forward.get();
-    candidates.push_back({set, std::move(forward), raw, {}, {}});
+    owned.push_back(std::make_unique<mok::FusedForward>(config, apply_set(base, set)));
+    forwards.push_back(owned.back().get());
+    labels.push_back(set);
   }
   const double flops = config.forward_flops();
   std::printf("[+] comparing %zu option sets, %d rounds of %d passes each (ratio = base time / set time)\n",
-              candidates.size(), o.rounds, o.iterations);
-  for (int round = 0; round < o.rounds; ++round) {
-    double base_alone = 0, base_back_to_back = 0;
-    for (Candidate& c : candidates) {
-      const ForwardTiming t = time_forward(*c.forward, device.tensors(), o.iterations);
-      if (&c == &candidates.front()) {
-        base_alone = t.pass_ms;
-        base_back_to_back = t.back_to_back_ms;
-      } else {
-        c.ratio_alone.push_back(base_alone / t.pass_ms);
-        c.ratio_back_to_back.push_back(base_back_to_back / t.back_to_back_ms);
-      }
-      std::printf("    round %d  %-40s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", round + 1,
-                  c.label.c_str(), t.pass_ms, t.back_to_back_ms, flops / t.pass_ms * 1e-9);
-      report_energy(*c.forward, device, t.back_to_back_ms, flops);
-    }
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  for (size_t i = 1; i < candidates.size(); ++i) {
-    std::printf("    %-40s median ratio to base: %.3f alone, %.3f back to back\n", candidates[i].label.c_str(),
-                median(candidates[i].ratio_alone), median(candidates[i].ratio_back_to_back));
+              forwards.size(), o.rounds, o.iterations);
+  const auto visits = mok::tools::paired_rounds(
+      forwards, o.rounds, /*mirrored=*/false,
+      [&](mok::FusedForward& forward) { return time_forward(forward, device.tensors(), o.iterations); },
+      [&](const mok::tools::Visit& v) {
+        std::printf("    round %d  %-40s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", v.round + 1,
+                    labels[v.index].c_str(), v.timing.pass_ms, v.timing.back_to_back_ms,
+                    flops / v.timing.pass_ms * 1e-9);
+        report_energy(*forwards[v.index], device, v.timing.back_to_back_ms, flops);
+      });
+  for (size_t i = 1; i < forwards.size(); ++i) {
+    using mok::tools::median;
+    using mok::tools::round_ratios;
+    std::printf("    %-40s median ratio to base: %.3f alone, %.3f back to back\n", labels[i].c_str(),
+                median(round_ratios(visits, 0, i, &ForwardTiming::pass_ms)),
+                median(round_ratios(visits, 0, i, &ForwardTiming::back_to_back_ms)));
   }
 }
 
@@ -483,8 +429,25 @@ int run_gpu(const Options& o) {
 
 }  // namespace
 
+// mok_cli tune: the tuner (tools/tune/). Exit status 2 where it cannot run.
+int run_tune(int argc, char** argv) {
+  const mok::tune::TuneArgs args = mok::tune::parse_tune_args(argc, argv);
+  if (args.help) {
+    std::printf("%s", mok::tune::tune_usage().c_str());
+    return 0;
+  }
+#if defined(MOK_HAVE_CUDA)
+  if (mok::detail::hopper_device_count() > 0) return mok::tune::run_tune_on_gpu(args);
+  std::fprintf(stderr, "mok_cli tune: needs a Hopper GPU (none on this machine)\n");
+#else
+  std::fprintf(stderr, "mok_cli tune: needs a Hopper GPU and a CUDA build (this one has no CUDA)\n");
+#endif
+  return 2;
+}
+
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::strcmp(argv[1], "tune") == 0) return run_tune(argc - 1, argv + 1);
     Options o = parse(argc, argv);
     bool gpu = false;
 #if defined(MOK_HAVE_CUDA)

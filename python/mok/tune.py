@@ -23,8 +23,12 @@ The library uses a matching entry whenever a caller passes no tuning option
 (mok/tuning_source.py; `mok.tuning_sources(...)` says where each option of a
 call comes from; MOK_TUNING_CACHE=off disables it), and a process world's
 ranks agree on one choice when their world is made (the same caller options
-on every rank, else rank 0's entry; tuning_source.agree). What is not here
-yet: `mok_cli tune`.
+on every rank, else rank 0's entry; tuning_source.agree).
+
+`mok_cli tune` is this tool's C++ twin (tools/tune/): the same search over the
+same grid (tuning_grid.txt beside this file, the one list both read), the
+same key, and the same cache file, format and lock, so that each reads the
+other's entries. Change the format, the key or the search on both sides.
 """
 
 from __future__ import annotations
@@ -165,14 +169,21 @@ class SearchResult:
     seconds: float
 
 
-# The values tried per option (an option left out of the best set keeps the
-# library's default or rule, e.g. the dispatch CTAs from the layer's bytes per FLOP).
-DEFAULT_GRID = {
-    "minibatch_rows": [512, 1024, 2048, 3072, 4096],
-    "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8],
-    "ring_slots": [2, 3, 4, 6],
-    "lookahead": [1, 2, 3],
-}
+def read_grid(text: str) -> dict:
+    """The grid of tuning_grid.txt's format: one option a line, its name then
+    its values, '#' starting a comment (tools/tune/tuning_grid.cpp parses the same)."""
+    grid = {}
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            grid[words[0]] = [int(v) for v in words[1:]]
+    return grid
+
+
+# The values tried per option, in walk order (an option left out of the best
+# set keeps the library's default or rule, e.g. the dispatch CTAs from the
+# layer's bytes per FLOP). One list for both tuners: mok_cli has the file built in.
+DEFAULT_GRID = read_grid((pathlib.Path(__file__).parent / "tuning_grid.txt").read_text())
 
 
 def search(defaults: dict, grid: dict, compare: Callable[[dict, dict], float], budget_s: float,
@@ -342,7 +353,8 @@ def main(argv=None) -> int:
     result = search({}, DEFAULT_GRID, compare, args.budget)
     print(table(result))
     key = current_key(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, args.tokens)
-    TuningCache(args.cache).store(key, result.best, speedup=result.speedup, tuning_seconds=result.seconds)
+    TuningCache(args.cache).store(key, result.best, speedup=result.speedup, tuning_seconds=result.seconds,
+                                  tool="python -m mok.tune")
     print(f"mok.tune: stored for {key.id()} in {TuningCache(args.cache).path}")
     if args.plot:
         plot(result, args.plot)

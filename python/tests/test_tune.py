@@ -1,10 +1,11 @@
 """mok.tune on the CPU: the coordinate search against a known cost model, its
 budget and noise margin, the cache's round trip, its tolerance of corrupt
-files and concurrent writers, and the plot."""
+files and concurrent writers, the entries mok_cli tune writes, and the plot."""
 
 import json
 import multiprocessing
 import os
+import pathlib
 
 import pytest
 
@@ -93,6 +94,46 @@ def test_a_malformed_entry_is_ignored_with_a_warning(tmp_path):
     path.write_text(json.dumps({"version": tune.CACHE_VERSION, "entries": {_key().id(): 3}}))
     with pytest.warns(UserWarning, match="malformed entry"):
         assert tune.TuningCache(path).lookup(_key()) is None
+
+
+# What mok_cli tune's cache writer (tools/tune/tuning_cache.cpp) writes for
+# this key; tests/cpu/tuning_cache_fixtures.hpp's kCppFile, which the C++
+# test checks byte for byte against that writer: change both.
+_CPP_FILE = """{
+ "entries": {
+  "NVIDIA H200|132|13.0|13000|7168|2048|32|8|2048|4096|1|bf16|forward": {
+   "options": {
+    "lookahead": 3,
+    "minibatch_rows": 3072
+   },
+   "speedup": 1.04,
+   "tool": "mok_cli tune",
+   "tuning_seconds": 12.5,
+   "when": "2026-12-03T10:00:00"
+  }
+ },
+ "version": 1
+}"""
+
+
+def test_an_entry_mok_cli_tune_wrote_is_read_and_kept(tmp_path):
+    path = tmp_path / "tuning.json"
+    path.write_text(_CPP_FILE)
+    key = tune.TuneKey("NVIDIA H200", 132, "13.0", "13000", 7168, 2048, 32, 8, 2048, tune.tokens_bucket(4096), 1)
+    entry = tune.TuningCache(path).lookup(key)
+    assert entry["options"] == {"lookahead": 3, "minibatch_rows": 3072}
+    assert entry["speedup"] == 1.04 and entry["tool"] == "mok_cli tune"
+    # The two writers lay the file out alike: Python's rewrite of it is the same text.
+    assert json.dumps(json.loads(_CPP_FILE), indent=1, sort_keys=True) == _CPP_FILE
+    tune.TuningCache(path).store(_key(2), {"ring_slots": 3})
+    assert tune.TuningCache(path).lookup(key) == entry
+
+
+def test_the_grid_is_read_from_the_file_mok_cli_has_built_in():
+    grid_file = pathlib.Path(tune.__file__).with_name("tuning_grid.txt")
+    assert tune.DEFAULT_GRID == tune.read_grid(grid_file.read_text())
+    assert list(tune.DEFAULT_GRID) == ["minibatch_rows", "comm_ctas_per_rank", "ring_slots", "lookahead"]
+    assert tune.read_grid("# why\nring_slots 2 3  # note\n\n") == {"ring_slots": [2, 3]}
 
 
 def _store_many(path, world):
