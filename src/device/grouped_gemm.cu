@@ -225,6 +225,8 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
     require(swiglu ? args.n % 64 == 0 : args.n % 128 == 0, "n", args.n,
             swiglu ? "must be a multiple of 64 with kE4M3 SwiGLU (2n weight rows in 128-row blocks)"
                    : "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks)");
+    require(args.m_total * (args.k / 128) <= kInt32Max, "m_total * k / 128", args.m_total * (args.k / 128),
+            "must fit in 32 bits with kE4M3 (the kernel indexes a_scales with 32-bit offsets)");
     require_pointer(args.a_scales, "a_scales", 1);
     require_pointer(args.b_scales, "b_scales", 1);
   }

@@ -49,8 +49,7 @@ __device__ __forceinline__ float ue8m0_value(uint32_t e) {
 }
 
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
-// K, promoted stage by stage. Rows at or past m_total get zero scales (their
-// operand rows are TMA's zero fill; they are never stored).
+// K, promoted stage by stage. Rows at or past m_total are zeros (never stored).
 template <class Cfg, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
@@ -60,17 +59,20 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
   const int row = tile.row0 + consumer * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-  const uint8_t* a_top = row < scales.m_total ? scales.a + static_cast<int64_t>(row) * scales.k_blocks : nullptr;
-  const uint8_t* a_low =
-      row + 8 < scales.m_total ? scales.a + static_cast<int64_t>(row + 8) * scales.k_blocks : nullptr;
+  // Scale positions as 32-bit offsets from the (kernel-parameter) scale
+  // arrays rather than pointers: a register each instead of two, which the
+  // SwiGLU instantiation needs to keep its two partial sums unspilled. Rows
+  // at or past m_total read row m_total - 1's scale: their operand rows are
+  // TMA's zero fill, so any finite scale gives them zeros.
+  const int32_t a_top = min(row, scales.m_total - 1) * scales.k_blocks;
+  const int32_t a_low = min(row + 8, scales.m_total - 1) * scales.k_blocks;
   // B's scale rows: the tile's one 128-row block; a SwiGLU tile's gate half
   // (rows n0 ..) and up half (rows up_rows + n0 ..) are 64 rows each, each
   // inside one block, with a scale each.
   constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;
-  const int64_t b_group = static_cast<int64_t>(tile.group) * scales.n_blocks;
-  const uint8_t* b_scales = scales.b + (b_group + tile.n0 / 128) * scales.k_blocks;
-  const uint8_t* b_up_scales = kSwiGLU ? scales.b + (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks
-                                       : b_scales;
+  const int32_t b_group = tile.group * scales.n_blocks;
+  const int32_t b_gate = (b_group + tile.n0 / 128) * scales.k_blocks;
+  const int32_t b_up = kSwiGLU ? (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks : b_gate;
   const bool releaser = lane == 0;
   // Issues the next stage's wgmma into `part` (one committed group); returns
   // the stage it reads, to be handed back once that group has retired.
@@ -99,10 +101,10 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     float top, low, top_up, low_up;
   };
   auto load_scales = [&](int kb) {
-    const float sb = ue8m0_value(__ldg(b_scales + kb));
-    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(b_up_scales + kb)) : sb;
-    const float sa_top = a_top != nullptr ? ue8m0_value(__ldg(a_top + kb)) : 0.0f;
-    const float sa_low = a_low != nullptr ? ue8m0_value(__ldg(a_low + kb)) : 0.0f;
+    const float sb = ue8m0_value(__ldg(scales.b + b_gate + kb));
+    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(scales.b + b_up + kb)) : sb;
+    const float sa_top = ue8m0_value(__ldg(scales.a + a_top + kb));
+    const float sa_low = ue8m0_value(__ldg(scales.a + a_low + kb));
     return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
                        __fmul_rn(sa_low, sb_up)};
   };

@@ -79,19 +79,36 @@ __device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cf
       uint32_t* hw_out = o.scaled_act != nullptr
                              ? reinterpret_cast<uint32_t*>(o.scaled_act + static_cast<int64_t>(row) * o.n + col0)
                              : nullptr;
+      // Eight chunks at a time: their 16 pre-activation loads are issued
+      // together, then the chunks are computed and stored in order. Loading
+      // each chunk just before its use made every load wait behind the
+      // previous chunk's stores (the compiler cannot tell preact from d13),
+      // ~2 x 32 dependent global round trips per row: the GEMM ran at 468
+      // TFLOP/s where the same mainloop with a plain epilogue gives ~725
+      // (docs/perf-notes.md b3). chunks is a multiple of 8 (n % 64 == 0).
 #pragma unroll
-      for (int j = 0; j < Cfg::kOutCols / 8; ++j) {
-        if (j < chunks) {
-          const float2 gate = unpack_bf16x2(gate_in[4 * j]);  // 8 columns = 4 bf16 pairs per chunk
-          const float2 up = unpack_bf16x2(up_in[4 * j]);
-          float da0, db0, da1, db1;
-          const float h0 = swiglu_backward(acc[4 * j + 2 * h], w, gate.x, up.x, da0, db0);
-          const float h1 = swiglu_backward(acc[4 * j + 2 * h + 1], w, gate.y, up.y, da1, db1);
-          part = __fadd_rn(part, __fmul_rn(acc[4 * j + 2 * h], h0));
-          part = __fadd_rn(part, __fmul_rn(acc[4 * j + 2 * h + 1], h1));
-          da_out[4 * j] = pack_bf16x2(da0, da1);
-          db_out[4 * j] = pack_bf16x2(db0, db1);
-          if (hw_out != nullptr) hw_out[4 * j] = pack_bf16x2(__fmul_rn(w, h0), __fmul_rn(w, h1));
+      for (int j0 = 0; j0 < Cfg::kOutCols / 8; j0 += 8) {
+        if (j0 < chunks) {
+          uint32_t gate_bits[8], up_bits[8];
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            gate_bits[jj] = __ldg(gate_in + 4 * (j0 + jj));
+            up_bits[jj] = __ldg(up_in + 4 * (j0 + jj));
+          }
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = j0 + jj;
+            const float2 gate = unpack_bf16x2(gate_bits[jj]);  // 8 columns = 4 bf16 pairs per chunk
+            const float2 up = unpack_bf16x2(up_bits[jj]);
+            float da0, db0, da1, db1;
+            const float h0 = swiglu_backward(acc[4 * j + 2 * h], w, gate.x, up.x, da0, db0);
+            const float h1 = swiglu_backward(acc[4 * j + 2 * h + 1], w, gate.y, up.y, da1, db1);
+            part = __fadd_rn(part, __fmul_rn(acc[4 * j + 2 * h], h0));
+            part = __fadd_rn(part, __fmul_rn(acc[4 * j + 2 * h + 1], h1));
+            da_out[4 * j] = pack_bf16x2(da0, da1);
+            db_out[4 * j] = pack_bf16x2(db0, db1);
+            if (hw_out != nullptr) hw_out[4 * j] = pack_bf16x2(__fmul_rn(w, h0), __fmul_rn(w, h1));
+          }
         }
       }
     }
