@@ -25,6 +25,7 @@
 #include "mok/grouped_gemm.hpp"
 #include "mok/weight_grad.hpp"
 #include "op_checks.hpp"
+#include "padding_rows.hpp"
 #include "op_errors.hpp"
 
 namespace {
@@ -86,8 +87,8 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
   const c10::cuda::CUDAGuard guard(dout_rows.device());
   const int64_t M = dout_rows.size(0);
-  at::Tensor d13 = at::zeros({M, 2 * I}, dout_rows.options());
-  at::Tensor scaled_act = at::zeros({M, I}, dout_rows.options());
+  at::Tensor d13 = at::empty({M, 2 * I}, dout_rows.options());
+  at::Tensor scaled_act = at::empty({M, I}, dout_rows.options());
   at::Tensor row_scale_grad = at::zeros({M}, dout_rows.options().dtype(at::kFloat));
   if (M == 0) return {d13, scaled_act, row_scale_grad};
   // The per-n-tile parts of <acc, h>: written for every row inside a group,
@@ -113,6 +114,8 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   args.row_scale_grad = row_scale_grad.data_ptr<float>();
   args.scratch = scratch.data_ptr<float>();
   mok::torch_ops::raising_torch_errors([&] { mok::grouped_gemm(args, current_stream(dout_rows.device())); });
+  mok::torch_ops::zero_padding_rows(d13, group_offset, group_rows);
+  mok::torch_ops::zero_padding_rows(scaled_act, group_offset, group_rows);
   return {d13, scaled_act, row_scale_grad};
 }
 

@@ -12,6 +12,7 @@
 
 #include "mok/grouped_gemm.hpp"
 #include "op_checks.hpp"
+#include "padding_rows.hpp"
 #include "op_errors.hpp"
 
 namespace {
@@ -80,13 +81,13 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
                mok::WeightLayout layout = mok::WeightLayout::kNK) {
   const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = layout == mok::WeightLayout::kKN ? at::zeros({a.size(0), n}, a.options())
-                                                     : at::empty({a.size(0), n}, a.options());
+  at::Tensor out = at::empty({a.size(0), n}, a.options());
   if (a.size(0) == 0) return out;
   mok::GroupedGemmArgs args = common_args(a, b, out, group_offset, group_rows, n);
   args.epilogue = epilogue;
   args.b_layout = layout;
   enqueue(args, a.device());
+  if (layout == mok::WeightLayout::kKN) mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
   return out;
 }
 

@@ -105,21 +105,31 @@ def _weight_grad_dtype(weight):
 
 
 def _setup_fused_forward_train(ctx, inputs, output):
-    # Kept: preact, shared_preact, expert_rows, expert_offset, schedule_rows
-    # (one list each, a tensor per rank), after the inputs.
-    kept = [t for group in output[1:] for t in group]
-    ctx.mark_non_differentiable(*kept)
-    _setup_fused_forward(ctx, inputs, output, kept)
+    # Kept: the pre-activations (preact, shared_preact: a tensor per rank
+    # each) and the forward's schedule, turned here into the grouped
+    # kernels' Schedule (staged_backward.saved_schedule). Building it here
+    # rather than in the backward puts its ~25 small launches behind the
+    # fused forward on the stream, where the host is far ahead of the GPU,
+    # instead of in front of the backward's first kernel.
+    x, expert_ids = inputs[0], inputs[1]
+    preact, shared_preact = list(output[1]), list(output[2])
+    for t in (t for group in output[1:] for t in group):
+        ctx.mark_non_differentiable(t)
+    schedule = staged_backward.saved_schedule(staged_backward.SavedForward(*(list(g) for g in output[1:])),
+                                              [t.shape[0] for t in x], expert_ids[0].shape[1])
+    _setup_fused_forward(ctx, inputs, output, [*preact, *shared_preact, *schedule])
 
 
 def _fused_forward_train_backward(ctx, douts, *unused):
     R = ctx.world
     kept = ctx.saved_tensors[5 * R + 2:]
-    return _fused_forward_backward(ctx, douts, staged_backward.SavedForward(
-        *(list(kept[i * R:(i + 1) * R]) for i in range(5))))
+    preact, shared_preact = list(kept[:R]), list(kept[R:2 * R])
+    schedule = staged_backward.Schedule(*kept[2 * R:])
+    return _fused_forward_backward(ctx, douts, staged_backward.SavedForward(preact, shared_preact, None, None, None),
+                                   schedule)
 
 
-def _fused_forward_backward(ctx, douts, kept=None):
+def _fused_forward_backward(ctx, douts, kept=None, schedule=None):
     _refuse_double_backward("mok.fused_forward")
     R = ctx.world
     saved = ctx.saved_tensors
@@ -134,7 +144,7 @@ def _fused_forward_backward(ctx, douts, kept=None):
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
         needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x],
-        main_grads=ctx.main_grads)
+        main_grads=ctx.main_grads, schedule=schedule)
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
     result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),

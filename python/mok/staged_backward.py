@@ -248,7 +248,8 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
 def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                    needs: Needs = Needs(), ops: BackwardOps | None = None,
                    grad_dtype: torch.dtype | None = None, saved: SavedForward | None = None,
-                   tokens_per_rank=None, main_grads: MainGrads = MainGrads()) -> LayerGrads:
+                   tokens_per_rank=None, main_grads: MainGrads = MainGrads(),
+                   schedule: Schedule | None = None) -> LayerGrads:
     """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
     rank holding every token and every expert (global ids index w13 [E, 2I, H]
     and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
@@ -259,6 +260,9 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     with tokens_per_rank the ranks' token counts (x is their concatenation);
     None: recompute mode. main_grads: fp32 buffers the weight gradients are
     added to instead of being returned (their entries in the result are None).
+    schedule: saved_schedule(saved, tokens_per_rank, k) when the caller built
+    it already (the autograd does, in the forward); saved's schedule lists
+    are then not read.
     """
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
@@ -267,9 +271,10 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     routed = needs.x or needs.weights or needs.w13 or needs.w2
     slot_rows = dx_rows = dweights = dw13 = dw2 = dx_shared = dsw13 = dsw2 = None
     if routed:
-        schedule = preact = None
+        preact = None
         if saved is not None:
-            schedule = saved_schedule(saved, tokens_per_rank or [T], expert_ids.shape[1])
+            if schedule is None:
+                schedule = saved_schedule(saved, tokens_per_rank or [T], expert_ids.shape[1])
             preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
         slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops,
                                                           grad_dtype, schedule, preact, main_grads)
