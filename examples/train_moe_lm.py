@@ -114,6 +114,8 @@ def main():
     parser.add_argument("--plot", default="train_moe_lm.png", help="PNG of the loss curves ('' for none)")
     parser.add_argument("--baseline", choices=("grouped_mm", "eager"), default="grouped_mm",
                         help="transformers' experts implementation to compare with")
+    parser.add_argument("--mode", choices=("save", "recompute"), default="save",
+                        help="mok's backward mode: the forward keeps gate/up (save) or the backward recomputes them")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this example needs a CUDA (Hopper) GPU")
@@ -121,12 +123,13 @@ def main():
     # Ops without a deterministic CUDA kernel warn (and would show up as two
     # mok runs that differ) instead of stopping the comparison.
     torch.use_deterministic_algorithms(True, warn_only=True)
-    mok.hf.register()
+    mok.hf.register(save_activations=args.mode == "save")
     text = corpus(device)
     data = batches(text, args.steps, args.batch, args.seq, seed=2)
     print(f"corpus: {text.numel() / 1e6:.2f} MB of this repository's text; {args.batch * args.seq} tokens per "
           f"step; size {args.size}: hidden {SIZES[args.size][0]}, MoE intermediate {SIZES[args.size][1]}, "
-          f"{SIZES[args.size][2]} experts, top-{SIZES[args.size][3]}, {SIZES[args.size][4]} layers", flush=True)
+          f"{SIZES[args.size][2]} experts, top-{SIZES[args.size][3]}, {SIZES[args.size][4]} layers; mok's backward "
+          f"in {args.mode} mode", flush=True)
     runs = {}
     base = args.baseline
     for name, implementation in ((base, base), ("mok", "mok"), ("mok again", "mok")):
