@@ -47,15 +47,21 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace mok {
 
-enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2 };
+// kSwiGLUQuantize (kE4M3 only; the FP8 forward's gate/up, docs/fp8-forward-
+// design.md): out = e4m3(silu(gate) * up * 2^-e) [m_total, n] bytes, with
+// out_scales ue8m0 [m_total, n / 128] holding each row's e per 128 columns:
+// include/mok/fp8.hpp's rule over the row's 128 fp32 h values (amax <= 448 *
+// 2^e, smallest e; round to nearest even). n a multiple of 128. A NaN in h
+// stays NaN in its byte; infinities saturate.
+enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2, kSwiGLUQuantize = 3 };
 // Operand element type. kE4M3: block-scaled FP8 (include/mok/fp8.hpp): a and
 // b hold e4m3 bytes, a_scales ue8m0 [m_total, k / 128] (one per row and 128
 // of K), b_scales ue8m0 [G, n / 128, k / 128] (one per 128 x 128 block;
-// SwiGLU: [G, 2n / 128, k / 128] over w13's 2n rows); the plain or SwiGLU
-// epilogue, b as [G, n, k] ([G, 2n, k]) only; k a multiple of 128, n of 128
-// (SwiGLU: of 64). Each
-// 128-deep block of K is summed by the tensor cores, then scaled and added to
-// an fp32 accumulator on the CUDA cores (gemm/fp8_mainloop.cuh).
+// SwiGLU: [G, 2n / 128, k / 128] over w13's 2n rows); the plain, SwiGLU or
+// SwiGLU-quantize epilogue, b as [G, n, k] ([G, 2n, k]) only; k a multiple
+// of 128, n of 128 (SwiGLU: of 64). Each 128-deep block of K is summed by
+// the tensor cores, then scaled and added to an fp32 accumulator on the CUDA
+// cores (gemm/fp8_mainloop.cuh).
 enum class GemmElement : int { kBF16 = 0, kE4M3 = 1 };
 // How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
 // (plain epilogue only; what a data gradient reads: dx = dy . W).
@@ -78,6 +84,7 @@ struct GroupedGemmArgs {
   GemmElement element = GemmElement::kBF16;
   const uint8_t* a_scales = nullptr;   // ue8m0 [m_total, k / 128]
   const uint8_t* b_scales = nullptr;   // ue8m0 [G, n / 128, k / 128]
+  uint8_t* out_scales = nullptr;       // kSwiGLUQuantize: ue8m0 [m_total, n / 128]
   const void* preact = nullptr;        // bf16 [m_total, 2n]
   const float* row_scale = nullptr;    // fp32 [m_total]; null = every row's weight is 1
   void* scaled_act = nullptr;          // bf16 [m_total, n]; null = not written

@@ -14,6 +14,11 @@ enum class EpilogueKind : int32_t {
   // The backward's (docs/backward-design.md; no device epilogue exists yet):
   kSwiGLUBackward = 2,  // acc = g: writes [da | db], w * h and <g, h> parts from the saved gate/up
   kWeightGrad = 3,      // fp32 tile of a weight gradient, stored or added to the caller's buffer
+  // The FP8 forward's gate/up (docs/fp8-forward-design.md, section 3): h =
+  // silu(gate) * up quantized to e4m3 with one ue8m0 scale per 128 columns
+  // of a row. Its tile splits N between the consumer warpgroups (0: the 128
+  // gate rows, 1: the 128 up rows) so that one tile sees a whole scale block.
+  kSwiGLUQuantize = 4,
 };
 
 // Operand element type. Each type has its own wgmma instruction and K step:
@@ -43,7 +48,14 @@ struct GemmTileShape {
   // K per pipeline stage: one 128-byte swizzle row of the element type.
   constexpr int32_t block_k() const { return 128 / element_bytes(element); }
   // Output columns of one tile (the task's n-tile width).
-  constexpr int32_t out_cols() const { return epilogue == EpilogueKind::kSwiGLU ? block_n / 2 : block_n; }
+  constexpr int32_t out_cols() const { return gate_up() ? block_n / 2 : block_n; }
+  // B holds gate rows then up rows (w13): half the columns come out.
+  constexpr bool gate_up() const {
+    return epilogue == EpilogueKind::kSwiGLU || epilogue == EpilogueKind::kSwiGLUQuantize;
+  }
+  // The consumer warpgroups share the tile's rows and split its N (64 rows a
+  // tile) instead of splitting its rows (64 per warpgroup, sharing N).
+  constexpr bool splits_n() const { return epilogue == EpilogueKind::kSwiGLUQuantize; }
 };
 
 }  // namespace mok

@@ -40,6 +40,11 @@ using Fp8Config = GemmTileConfig<128, 128, 6, EpilogueKind::kPlain, mok::Element
 // Its SwiGLU twin: 64 gate + 64 up weight rows per tile (each half inside one
 // 128-row scale block), 64 output columns.
 using Fp8SwigluConfig = GemmTileConfig<128, 128, 6, EpilogueKind::kSwiGLU, mok::ElementType::kE4M3>;
+// The FP8 forward's gate/up with h quantized in the epilogue: split N (64
+// rows; warpgroup 0 the 128 gate rows, 1 the 128 up rows, so a tile emits
+// one whole 128-column scale block per row), 4 stages of 40 KB and the
+// 32 KB exchange between the warpgroups.
+using Fp8SwigluQuantizeConfig = GemmTileConfig<64, 256, 4, EpilogueKind::kSwiGLUQuantize, mok::ElementType::kE4M3>;
 using SwigluBackwardConfig =
     GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLUBackward, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
@@ -95,7 +100,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
     const cuuint64_t b_strides[2] = {n * 2, k * n * 2};
     const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(Cfg::kMNBlock), Cfg::kBlockK, 1};
     b_map = encode_bf16_map("b (k-by-n)", args.b, 3, b_dims, b_strides, b_box);
-  } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+  } else if constexpr (Cfg::kGateUp) {
     const cuuint64_t b_dims[4] = {k, n, 2, g};
     const cuuint64_t b_strides[3] = {row_bytes, n * row_bytes, 2 * n * row_bytes};
     const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
@@ -117,9 +122,10 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   params.k = static_cast<int>(args.k);
   params.band = args.raster_band > 0 ? args.raster_band : default_raster_band();
   params.swiglu_backward = {};
+  params.out_scales = args.out_scales;
   params.fp8 = {};
   if constexpr (Cfg::kElement == mok::ElementType::kE4M3) {
-    constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;
+    constexpr bool kSwiGLU = Cfg::kGateUp;
     const int64_t b_rows = kSwiGLU ? 2 * args.n : args.n;
     params.fp8 = {args.a_scales, args.b_scales, static_cast<int32_t>(args.k / 128), static_cast<int32_t>(b_rows / 128),
                   static_cast<int32_t>(args.m_total), kSwiGLU ? static_cast<int32_t>(args.n) : 0};
@@ -174,19 +180,21 @@ std::string GroupedGemmConfig::describe() const {
 
 GroupedGemmConfig grouped_gemm_config(GemmEpilogue epilogue) {
   if (epilogue == GemmEpilogue::kSwiGLUBackward) return describe_config<SwigluBackwardConfig>();
+  if (epilogue == GemmEpilogue::kSwiGLUQuantize) return describe_config<Fp8SwigluQuantizeConfig>();
   return epilogue == GemmEpilogue::kSwiGLU ? describe_config<SwigluConfig>()
                                            : describe_config<PlainConfig>();
 }
 
 void validate_grouped_gemm(const GroupedGemmArgs& args) {
   if (args.epilogue != GemmEpilogue::kPlain && args.epilogue != GemmEpilogue::kSwiGLU &&
-      args.epilogue != GemmEpilogue::kSwiGLUBackward) {
+      args.epilogue != GemmEpilogue::kSwiGLUBackward && args.epilogue != GemmEpilogue::kSwiGLUQuantize) {
     throw Error("epilogue = " + std::to_string(static_cast<int>(args.epilogue)) + ": not a GemmEpilogue");
   }
   if (args.b_layout != WeightLayout::kNK && args.b_layout != WeightLayout::kKN) {
     throw Error("b_layout = " + std::to_string(static_cast<int>(args.b_layout)) + ": not a WeightLayout");
   }
-  if (args.b_layout == WeightLayout::kKN && args.epilogue == GemmEpilogue::kSwiGLU) {
+  const bool gate_up = args.epilogue == GemmEpilogue::kSwiGLU || args.epilogue == GemmEpilogue::kSwiGLUQuantize;
+  if (args.b_layout == WeightLayout::kKN && gate_up) {
     throw Error("b_layout = kKN: not with the SwiGLU epilogue (a SwiGLU b holds gate and up rows)");
   }
   if (args.epilogue == GemmEpilogue::kSwiGLUBackward) {
@@ -210,7 +218,7 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
           "must be in [0, 2^31)");
   require(args.max_ctas >= 0, "max_ctas", args.max_ctas, "must be >= 0 (0 = one per SM)");
   require(args.raster_band >= 0, "raster_band", args.raster_band, "must be >= 0 (0 = default)");
-  const int64_t weight_rows = args.epilogue == GemmEpilogue::kSwiGLU ? 2 * args.n : args.n;
+  const int64_t weight_rows = gate_up ? 2 * args.n : args.n;
   require(static_cast<int64_t>(args.num_groups) * weight_rows <= kInt32Max, "num_groups * weight rows",
           static_cast<int64_t>(args.num_groups) * weight_rows, "must be below 2^31");
   if (args.element != GemmElement::kBF16 && args.element != GemmElement::kE4M3) {
@@ -218,17 +226,25 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
   }
   if (args.element == GemmElement::kE4M3) {
     if (args.epilogue == GemmEpilogue::kSwiGLUBackward || args.b_layout != WeightLayout::kNK) {
-      throw Error("element kE4M3: the plain or SwiGLU epilogue with b as [G, n, k] ([G, 2n, k]) only");
+      throw Error("element kE4M3: the plain, SwiGLU or SwiGLU-quantize epilogue with b as [G, n, k] ([G, 2n, k]) "
+                  "only");
     }
     require(args.k % 128 == 0, "k", args.k, "must be a multiple of 128 with kE4M3 (one scale per 128 of K)");
     const bool swiglu = args.epilogue == GemmEpilogue::kSwiGLU;
     require(swiglu ? args.n % 64 == 0 : args.n % 128 == 0, "n", args.n,
             swiglu ? "must be a multiple of 64 with kE4M3 SwiGLU (2n weight rows in 128-row blocks)"
-                   : "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks)");
+                   : "must be a multiple of 128 with kE4M3 (128 x 128 weight blocks; SwiGLU-quantize: one "
+                     "scale per 128 output columns)");
     require(args.m_total * (args.k / 128) <= kInt32Max, "m_total * k / 128", args.m_total * (args.k / 128),
             "must fit in 32 bits with kE4M3 (the kernel indexes a_scales with 32-bit offsets)");
     require_pointer(args.a_scales, "a_scales", 1);
     require_pointer(args.b_scales, "b_scales", 1);
+  }
+  if (args.epilogue == GemmEpilogue::kSwiGLUQuantize) {
+    if (args.element != GemmElement::kE4M3) {
+      throw Error("epilogue kSwiGLUQuantize: element must be kE4M3 (it is the FP8 forward's gate/up)");
+    }
+    require_pointer(args.out_scales, "out_scales", 1);
   }
   require_pointer(args.a, "a", 16);
   require_pointer(args.b, "b", 16);
@@ -243,6 +259,8 @@ void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
   if (args.element == GemmElement::kE4M3) {
     if (args.epilogue == GemmEpilogue::kSwiGLU) {
       launch<Fp8SwigluConfig>(args, stream);
+    } else if (args.epilogue == GemmEpilogue::kSwiGLUQuantize) {
+      launch<Fp8SwigluQuantizeConfig>(args, stream);
     } else {
       launch<Fp8Config>(args, stream);
     }

@@ -1,9 +1,9 @@
-// The block-scaled FP8 grouped GEMM (GemmElement::kE4M3) against a double
-// reference over the dequantized operands (the bit-exact host quantizer,
-// include/mok/fp8.hpp, makes both sides' inputs): bf16 rounding of the
-// output is the only error expected beyond fp32 sums. Also: padding rows
-// untouched, bitwise repeatable, the same bits at any grid size, bad
-// arguments refused.
+// The block-scaled FP8 grouped GEMM (GemmElement::kE4M3: plain, SwiGLU, and
+// SwiGLU with h quantized) against a double reference over the dequantized
+// operands (the bit-exact host quantizer, include/mok/fp8.hpp, makes both
+// sides' inputs): the output's rounding and the tensor cores' FP8
+// accumulation are the errors expected. Also: padding rows untouched,
+// bitwise repeatable, the same bits at any grid size, bad arguments refused.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -180,6 +180,124 @@ TEST(GroupedGemmFp8, BitwiseRepeatableAndIndependentOfTheGrid) {
   for (int ctas : {1, 7}) EXPECT_EQ(run_fp8(p, ctas), first) << "ctas " << ctas;
 }
 
+// The FP8 gate/up with h quantized in the epilogue (kSwiGLUQuantize): the
+// bytes and scales of every owned row, nothing else written.
+struct QuantizedH {
+  std::vector<uint8_t> values, scales;  // e4m3 [m_total, n], ue8m0 [m_total, n / 128]
+};
+
+QuantizedH run_fp8_quantize(const Fp8Problem& p, int max_ctas = 0) {
+  DeviceBuffer<uint8_t> a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales);
+  DeviceBuffer<uint8_t> out(static_cast<size_t>(p.layout.m_total * p.n)),
+      out_scales(static_cast<size_t>(p.layout.m_total * (p.n / 128)));
+  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
+  MOK_CUDA_CHECK(cudaMemset(out.get(), 0xAB, static_cast<size_t>(p.layout.m_total * p.n)));
+  MOK_CUDA_CHECK(cudaMemset(out_scales.get(), 0xCD, static_cast<size_t>(p.layout.m_total * (p.n / 128))));
+  mok::GroupedGemmArgs args;
+  args.element = mok::GemmElement::kE4M3;
+  args.epilogue = mok::GemmEpilogue::kSwiGLUQuantize;
+  args.a = a.get();
+  args.a_scales = a_scales.get();
+  args.b = b.get();
+  args.b_scales = b_scales.get();
+  args.out = out.get();
+  args.out_scales = out_scales.get();
+  args.group_offset = offset.get();
+  args.group_rows = rows.get();
+  args.num_groups = p.layout.groups();
+  args.m_total = p.layout.m_total;
+  args.n = p.n;
+  args.k = p.k;
+  args.max_ctas = max_ctas;
+  mok::grouped_gemm(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  return {out.download(), out_scales.download()};
+}
+
+void expect_quantized_h_matches(const Fp8Problem& p, const QuantizedH& got) {
+  const std::vector<int> owner = p.layout.owner();
+  const int64_t kb_count = p.k / 128, blocks = p.n / 128;
+  auto a_value = [&](int64_t r, int64_t c) {
+    return static_cast<double>(mok::fp8::decode_e4m3(p.a[static_cast<size_t>(r * p.k + c)])) *
+           mok::fp8::decode_ue8m0(p.a_scales[static_cast<size_t>(r * kb_count + c / 128)]);
+  };
+  auto b_value = [&](int g, int64_t row, int64_t c) {
+    const size_t at = static_cast<size_t>((g * 2 * p.n + row) * p.k + c);
+    const size_t scale = static_cast<size_t>((g * (2 * p.n / 128) + row / 128) * kb_count + c / 128);
+    return static_cast<double>(mok::fp8::decode_e4m3(p.b.values[at])) * mok::fp8::decode_ue8m0(p.b.scales[scale]);
+  };
+  int bad = 0;
+  for (int64_t r = 0; r < p.layout.m_total; ++r) {
+    const int g = owner[static_cast<size_t>(r)];
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const uint8_t scale = got.scales[static_cast<size_t>(r * blocks + blk)];
+      if (g < 0) {
+        ASSERT_EQ(scale, 0xCD) << "row " << r << " belongs to no group but its scale was written";
+        for (int64_t c = 0; c < 128; ++c) {
+          ASSERT_EQ(got.values[static_cast<size_t>(r * p.n + blk * 128 + c)], 0xAB) << "row " << r << " written";
+        }
+        continue;
+      }
+      // The scale rule, exactly: the block's largest |value| / 2^e lies in
+      // (224, 448], which e4m3 rounding keeps in [224, 448].
+      const double step = std::ldexp(1.0, static_cast<int>(scale) - 127);
+      double qmax = 0;
+      for (int64_t c = 0; c < 128; ++c) {
+        qmax = std::max(qmax, std::fabs(static_cast<double>(
+                                  mok::fp8::decode_e4m3(got.values[static_cast<size_t>(r * p.n + blk * 128 + c)]))));
+      }
+      if (!(qmax >= 224.0 && qmax <= 448.0) && bad++ < 5) {
+        ADD_FAILURE() << "row " << r << " block " << blk << ": scale 2^" << static_cast<int>(scale) - 127
+                      << " leaves a largest value of " << qmax << " (want [224, 448])";
+      }
+      for (int64_t c = 0; c < 128; ++c) {
+        const int64_t col = blk * 128 + c;
+        double gate = 0, up = 0, gate_mag = 0, up_mag = 0;
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const double x = a_value(r, kk);
+          gate += x * b_value(g, col, kk);
+          gate_mag += std::fabs(x * b_value(g, col, kk));
+          up += x * b_value(g, p.n + col, kk);
+          up_mag += std::fabs(x * b_value(g, p.n + col, kk));
+        }
+        const double want = gate / (1.0 + std::exp(-gate)) * up;
+        const double value =
+            static_cast<double>(mok::fp8::decode_e4m3(got.values[static_cast<size_t>(r * p.n + col)])) * step;
+        // e4m3's rounding (half an ulp: 2^-4 of the value; 2^-10 of the scale
+        // below the normal range), the fp32 SwiGLU (4e-3 as in the bf16
+        // tests) and the accumulation of gate and up (kAccumulationError).
+        const double mag = (gate_mag + 1.0) * (std::fabs(up) + up_mag);
+        const double tol = (1.0 / 16 + 4e-3) * std::fabs(want) + step / 1024 + kAccumulationError * mag;
+        if (!(std::fabs(value - want) <= tol) && bad++ < 5) {
+          ADD_FAILURE() << "row " << r << " col " << col << ": got " << value << ", want " << want << " (tolerance "
+                        << tol << ")";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(GroupedGemmFp8, SwiGLUQuantizeMatchesTheReferenceAndTheScaleRule) {
+  MOK_REQUIRE_HOPPER();
+  // n = 256: two 128-column tiles (two scale blocks per row); uneven groups,
+  // one empty, padding between them and a tail; 64-row tiles straddle the
+  // group boundaries.
+  const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 256, 384, 5, true);
+  const QuantizedH first = run_fp8_quantize(p);
+  expect_quantized_h_matches(p, first);
+  for (int run = 1; run < 3; ++run) {
+    const QuantizedH again = run_fp8_quantize(p);
+    ASSERT_EQ(again.values, first.values) << "run " << run;
+    ASSERT_EQ(again.scales, first.scales) << "run " << run;
+  }
+  for (int ctas : {1, 7}) {
+    const QuantizedH other = run_fp8_quantize(p, ctas);
+    EXPECT_EQ(other.values, first.values) << "ctas " << ctas;
+    EXPECT_EQ(other.scales, first.scales) << "ctas " << ctas;
+  }
+}
+
 TEST(GroupedGemmFp8, RejectsWhatItCannotRun) {
   auto fake = [](uintptr_t at) { return reinterpret_cast<void*>(at << 20); };
   mok::GroupedGemmArgs good;
@@ -207,6 +325,13 @@ TEST(GroupedGemmFp8, RejectsWhatItCannotRun) {
   { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; x.n = 64; EXPECT_NO_THROW(mok::validate_grouped_gemm(x)); }
   { auto x = good; x.epilogue = mok::GemmEpilogue::kSwiGLU; x.n = 96; refused(x, "SwiGLU n not a multiple of 64"); }
   { auto x = good; x.b_layout = mok::WeightLayout::kKN; refused(x, "k-by-n b"); }
+  auto quantize = good;
+  quantize.epilogue = mok::GemmEpilogue::kSwiGLUQuantize;
+  quantize.out_scales = static_cast<uint8_t*>(fake(8));
+  EXPECT_NO_THROW(mok::validate_grouped_gemm(quantize));
+  { auto x = quantize; x.out_scales = nullptr; refused(x, "SwiGLU-quantize without out_scales"); }
+  { auto x = quantize; x.n = 192; refused(x, "SwiGLU-quantize n not a multiple of 128"); }
+  { auto x = quantize; x.element = mok::GemmElement::kBF16; refused(x, "SwiGLU-quantize on bf16"); }
 }
 
 }  // namespace

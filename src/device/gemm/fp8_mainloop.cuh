@@ -54,11 +54,16 @@ template <class Cfg, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
                                              float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
-  static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockN == 128 && Cfg::kBlockK == 128,
-                "one 128 x 128 B scale block and one 128-deep A scale block per stage");
+  // A warpgroup's wgmma is m64n128k32: 128 weight rows, one 128 x 128 B
+  // scale block per stage (a split-N tile's warpgroups take 128 rows each).
+  static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockN == (Cfg::kSplitN ? 256 : 128) &&
+                    Cfg::kBlockK == 128,
+                "one 128 x 128 B scale block per warpgroup and one 128-deep A scale block per stage");
+  constexpr bool kSplitN = Cfg::kSplitN;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
-  const int row = tile.row0 + consumer * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  // This thread's rows: row, row + 8 (split N: both warpgroups hold the same rows).
+  const int row = tile.row0 + (kSplitN ? 0 : consumer * 64) + warp * 16 + lane / 4;
   // Scale positions as 32-bit offsets from the (kernel-parameter) scale
   // arrays rather than pointers: a register each instead of two, which the
   // SwiGLU instantiation needs to keep its two partial sums unspilled. Rows
@@ -68,11 +73,13 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const int32_t a_low = min(row + 8, scales.m_total - 1) * scales.k_blocks;
   // B's scale rows: the tile's one 128-row block; a SwiGLU tile's gate half
   // (rows n0 ..) and up half (rows up_rows + n0 ..) are 64 rows each, each
-  // inside one block, with a scale each.
-  constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;
+  // inside one block, with a scale each. A split-N tile's warpgroup 0 reads
+  // the gate block and warpgroup 1 the up block: one scale per warpgroup.
+  constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;  // two halves per warpgroup
   const int32_t b_group = tile.group * scales.n_blocks;
-  const int32_t b_gate = (b_group + tile.n0 / 128) * scales.k_blocks;
-  const int32_t b_up = kSwiGLU ? (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks : b_gate;
+  const int32_t b_up = Cfg::kGateUp ? (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks : 0;
+  const int32_t b_gate =
+      kSplitN && consumer == 1 ? b_up : (b_group + tile.n0 / 128) * scales.k_blocks;
   const bool releaser = lane == 0;
   // Issues the next stage's wgmma into `part` (one committed group); returns
   // the stage it reads, to be handed back once that group has retired.
@@ -80,8 +87,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     ring.consumer_wait(on_stall);
     const int held = ring.stage;
     auto& stage = smem.stages[held];
-    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
-    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b);
+    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + (kSplitN ? 0 : consumer * 64 * Cfg::kRowBytes));
+    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b + (kSplitN ? consumer * 128 * Cfg::kRowBytes : 0));
     wgmma::fence_operands(part);
     wgmma::fence();
 #pragma unroll

@@ -29,19 +29,26 @@ struct GemmTileConfig {
   // columns], one 128-byte swizzle row of N per k.
   static constexpr int kMNBlock = kRowBytes / element_bytes(kElement_);
 
-  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr bool kSplitN = kShape.splits_n();  // see GemmTileShape::splits_n
+  static constexpr bool kGateUp = kShape.gate_up();    // B: gate rows, then up rows
+  static constexpr int kConsumerWarpgroups = kSplitN ? 2 : kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // + 1 producer warpgroup
   // Output columns per tile: SwiGLU turns 2 x (kBlockN / 2) gate/up columns
   // into kBlockN / 2 outputs.
   static constexpr int kOutCols = kShape.out_cols();
-  static constexpr int kAccRegs = kBlockN / 2;  // fp32 accumulators per consumer thread
+  // fp32 accumulators per consumer thread: its warpgroup's 64 x BN (split
+  // N: 64 x BN / 2) share of the tile, 64 x N / 128 per thread.
+  static constexpr int kAccRegs = kSplitN ? kBlockN / 4 : kBlockN / 2;
 
   static constexpr uint32_t kABytes = kBlockM * kRowBytes;
   static constexpr uint32_t kBBytes = kBlockN * kRowBytes;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // Epilogue staging: each consumer warp owns 16 rows x 64 columns of bf16.
   static constexpr int kStagingBytesPerWarp = 16 * 64 * 2;
+  // Split N: the accumulator halves the two consumer warpgroups hand each
+  // other (gemm/tile_epilogue_swiglu_quantize.cuh), fp32 [2][2 warps][regs][32 lanes].
+  static constexpr int kExchangeFloats = kSplitN ? 2 * 2 * kAccRegs * 32 : 0;
 
   // Register split. setmaxnreg only moves registers within what the CTA got
   // at launch: kThreads x the entry budget ptxas gives __launch_bounds__(
@@ -60,13 +67,15 @@ struct GemmTileConfig {
                 "the register split must fit in what the CTA has at launch");
 
   static_assert(kBlockM % 64 == 0 && kBlockM >= 64 && kBlockM <= 128, "BM: 64 or 128");
+  static_assert(!kSplitN || (kBlockM == 64 && kBlockN == 256 && kElement == ElementType::kE4M3),
+                "a split-N tile is the FP8 gate/up tile: 64 rows, 128 gate + 128 up weight rows");
   static_assert(kBlockN == 128 || kBlockN == 256, "BN: a wgmma N this build wraps");
-  static_assert(kEpilogue != EpilogueKind::kSwiGLU || kBlockN % 128 == 0,
+  static_assert(!kGateUp || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");
   static_assert(kOutCols % 64 == 0, "the epilogue stores 64-column slabs");
   static_assert(kAMajor == OperandMajor::kK || kEpilogue == EpilogueKind::kWeightGrad,
                 "an MN-major A is a weight gradient's (rows^T); every other tile reads A K-major");
-  static_assert(kBMajor == OperandMajor::kK || kEpilogue != EpilogueKind::kSwiGLU,
+  static_assert(kBMajor == OperandMajor::kK || !kGateUp,
                 "a SwiGLU B interleaves gate and up rows along N: K-major only");
 };
 

@@ -47,7 +47,7 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
         tma_load_3d(stage.b + j * Cfg::kBlockK * Cfg::kRowBytes, maps.b, full, tile.n0 + j * Cfg::kMNBlock, k0,
                     tile.group);
       }
-    } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    } else if constexpr (Cfg::kGateUp) {
       constexpr int kHalf = Cfg::kBlockN / 2;
       tma_load_4d(stage.b, maps.b, full, k0, tile.n0, 0, tile.group);                   // gate rows
       tma_load_4d(stage.b + kHalf * Cfg::kRowBytes, maps.b, full, k0, tile.n0, 1, tile.group);  // up rows

@@ -12,6 +12,7 @@
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_epilogue_swiglu_backward.cuh"
+#include "device/gemm/tile_epilogue_swiglu_quantize.cuh"
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -31,7 +32,11 @@ struct GroupedGemmParams {
   int band;    // row tiles per raster band (sched/grouped_tiles.cuh)
   SwigluBackwardOutputs swiglu_backward;  // kSwiGLUBackward's extra inputs and outputs (out is unused)
   Fp8Scales fp8;                          // e4m3 operands' scales
+  uint8_t* out_scales;                    // kSwiGLUQuantize: ue8m0 [m_total, n_cols / 128] (out holds e4m3 bytes)
 };
+
+// Named barriers of this kernel (0 is __syncthreads).
+inline constexpr int kBarrierGemmExchange = 1;  // the split-N tile's two consumer warpgroups
 
 // Groups whose counts the kernel copies to shared memory (more: read from
 // global memory as the walk goes).
@@ -44,6 +49,8 @@ struct GroupedGemmShared {
   GemmSharedStorage<Cfg> gemm;
   int32_t group_rows[kSmemGroups];
   int32_t group_offset[kSmemGroups];
+  // Split-N tiles' exchange between the consumer warpgroups (4 floats elsewhere: no zero-size arrays).
+  alignas(16) float exchange[Cfg::kSplitN ? Cfg::kExchangeFloats : 4];
 };
 
 // Dynamic shared memory to request: the storage plus slack to align it.
@@ -110,6 +117,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
         store_swiglu_backward_tile<Cfg>(acc, consumer, tile, params.swiglu_backward);
+      } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUQuantize) {
+        store_swiglu_quantize_tile<Cfg>(acc, smem, shared.exchange, consumer, tile,
+                                        reinterpret_cast<uint8_t*>(params.out), params.out_scales, params.n_cols,
+                                        kBarrierGemmExchange);
       } else {
         store_tile<Cfg>(acc, smem, consumer, tile, params.out, params.n_cols);
       }

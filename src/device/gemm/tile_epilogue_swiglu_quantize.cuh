@@ -1,0 +1,138 @@
+// The FP8 gate/up epilogue: h = silu(gate) * up, quantized to e4m3 with one
+// ue8m0 scale per row and 128 columns -- the A operand of the FP8 down GEMM
+// (docs/fp8-forward-design.md, section 3).
+//
+// The tile is split-N (GemmTileShape::splits_n): 64 rows; consumer
+// warpgroup 0 holds the 128 gate columns [n0, n0 + 128) of every row,
+// warpgroup 1 the 128 up columns. h needs both, so they hand each other
+// half: warpgroup 0's warps 2-3 put their gate values (rows 32..63) in
+// shared memory for warpgroup 1, whose warps 0-1 put their up values (rows
+// 0..31) there for warpgroup 0. Then warpgroup 0's warps 0-1 finish rows
+// 0..31 and warpgroup 1's warps 2-3 rows 32..63, each thread a fixed 64
+// (row, column) pairs: the very fragment positions the other warp held, so
+// the exchange is thread to thread, lane-contiguous, free of bank conflicts.
+//
+// Per row (include/mok/fp8.hpp's rule, which the host quantizer and the CPU
+// reference apply): amax over its 128 h values (a max: order-free); e the
+// smallest exponent with amax <= 448 * 2^e (0 for an all-zero row), clamped
+// to [-127, 127]; each value e4m3(h * 2^-e), round to nearest even,
+// saturating (2^-e is exact, so is the product up to the final rounding).
+// h itself is the bf16 path's formula (silu_mul). A row's bytes depend
+// only on the row: the same wherever it sits.
+//
+// Only rows [tile.row0, tile.row_end) are written, as in store_tile.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "device/gemm/fp8_mainloop.cuh"
+#include "device/gemm/tile_config.cuh"
+#include "device/gemm/tile_epilogue.cuh"
+#include "device/ptx/named_barrier.cuh"
+#include "device/ptx/vector_io.cuh"
+#include "device/sched/grouped_tiles.cuh"
+
+namespace mok::device {
+
+// The scale exponent of a block with absolute maximum amax, as
+// mok::fp8::scale_exponent computes it on the host.
+__device__ __forceinline__ int32_t fp8_scale_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;  // an all-zero block (and NaN: the values carry it)
+  int k = 0;
+  const float f = frexpf(amax, &k);  // amax = f * 2^k, f in [0.5, 1); 448 = 0.875 * 2^9
+  const int32_t e = f <= 0.875f ? k - 9 : k - 8;
+  return min(max(e, -127), 127);
+}
+
+// Two values to e4m3, round to nearest even, saturating: lo in the low byte.
+__device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// `values` e4m3 [m_total][n], `scales` ue8m0 [m_total][n / 128];
+// `exchange` Cfg::kExchangeFloats of shared memory; barrier_id names a
+// barrier of the 256 consumer threads (both warpgroups call this for every
+// tile).
+template <class Cfg>
+__device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cfg::kAccRegs],
+                                                           GemmSharedStorage<Cfg>& smem, float* exchange,
+                                                           int consumer,
+                                                           const GemmTile& tile, uint8_t* values, uint8_t* scales,
+                                                           int n, int barrier_id) {
+  static_assert(Cfg::kSplitN && Cfg::kAccRegs == 64, "the split-N FP8 gate/up tile: 64 rows x 128 columns a warpgroup");
+  constexpr int kRegs = Cfg::kAccRegs;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  // Rows 0..31 are warps 0-1's, finished by warpgroup 0; rows 32..63 warps
+  // 2-3's, finished by warpgroup 1.
+  const bool finisher = consumer == 0 ? warp < 2 : warp >= 2;
+  // exchange[region][warp % 2][register][lane]: region 0 holds up values for
+  // warpgroup 0, region 1 gate values for warpgroup 1.
+  float* const region = exchange + (consumer == 0 ? 1 : 0) * (2 * kRegs * 32);
+  if (!finisher) {
+    float* mine = region + (warp % 2) * kRegs * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) mine[i * 32] = acc[i];
+  }
+  named_barrier_sync(barrier_id, 256);
+  if (finisher) {
+    const float* other = exchange + (consumer == 0 ? 0 : 1) * (2 * kRegs * 32) + (warp % 2) * kRegs * 32 + lane;
+    float h[kRegs];
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      const float partner = other[i * 32];
+      h[i] = consumer == 0 ? silu_mul(acc[i], partner) : silu_mul(partner, acc[i]);
+    }
+    // Fragment: h[4j + 2hh + e] is row (warp * 16 + lane / 4 + 8 hh), column
+    // 8j + 2 (lane % 4) + e. A row's 128 columns sit in its quad of lanes.
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) amax[(i / 2) % 2] = fmaxf(amax[(i / 2) % 2], fabsf(h[i]));
+    int32_t e[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 1));
+      amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 2));
+      e[hh] = fp8_scale_exponent(amax[hh]);
+    }
+    // The warp's 16 rows x 128 bytes through its staging, 16-byte chunks
+    // XOR-swizzled by row, then whole 128-byte lines to global memory.
+    const uint32_t base = shared_address(smem.staging[consumer * 4 + warp]);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float inv = ue8m0_value(static_cast<uint32_t>(127 - e[hh]));  // 2^-e, exact
+      const int r = lane / 4 + 8 * hh;
+#pragma unroll
+      for (int j = 0; j < kRegs / 4; ++j) {
+        const uint16_t q = pack_e4m3x2(__fmul_rn(h[4 * j + 2 * hh], inv), __fmul_rn(h[4 * j + 2 * hh + 1], inv));
+        const int byte = 8 * j + 2 * (lane % 4);
+        const uint32_t at = base + r * 128 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16;
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(q) : "memory");
+      }
+    }
+    __syncwarp();
+    const int first_row = tile.row0 + warp * 16;
+    const int c = lane & 7;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int r = it * 4 + (lane >> 3);
+      const uint4 v = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
+      if (first_row + r < tile.row_end) st_global_v4(values + static_cast<int64_t>(first_row + r) * n + tile.n0 + c * 16, v);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = first_row + lane / 4 + 8 * hh;
+      if (lane % 4 == 0 && row < tile.row_end) {
+        scales[static_cast<int64_t>(row) * (n / 128) + tile.n0 / 128] = static_cast<uint8_t>(127 + e[hh]);
+      }
+    }
+    __syncwarp();  // the staging is reused by the next tile's writes
+  }
+  // The exchange is read before either warpgroup's next tile writes it (with
+  // short K a warpgroup could otherwise finish its next K loop first).
+  named_barrier_sync(barrier_id, 256);
+}
+
+}  // namespace mok::device
