@@ -5,7 +5,7 @@
 // Python benchmarks (bench/bench_grouped_gemm*.py) add the torch baselines
 // and the correctness checks.
 //
-//   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu]
+//   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize]
 //                  [--groups G] [--rows R] [--n N] [--k K]
 //                  [--warmup W] [--iterations I] [--ctas C]
 //   mok_gemm_bench --weight-grad fp32|bf16|accumulate [--groups G] [--rows R] [--n N] [--k K] ...
@@ -36,6 +36,7 @@ namespace {
 struct Options {
   bool fp8 = true;
   bool swiglu = false;
+  bool quantize = false;  // swiglu-quantize: FP8 h and its scales (kSwiGLUQuantize)
   int groups = 32;
   int rows = 1024;  // per group
   int64_t n = 4096;
@@ -49,7 +50,8 @@ struct Options {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "mok_gemm_bench: %s\n"
-               "usage: mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu] [--groups G] [--rows R]\n"
+               "usage: mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize] [--groups G]\n"
+               "                      [--rows R]\n"
                "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C]\n",
                why);
   std::exit(2);
@@ -67,8 +69,11 @@ Options parse(int argc, char** argv) {
       if (value != "bf16" && value != "fp8") usage("--element: bf16 or fp8");
       o.fp8 = value == "fp8";
     } else if (arg == "--epilogue") {
-      if (value != "plain" && value != "swiglu") usage("--epilogue: plain or swiglu");
-      o.swiglu = value == "swiglu";
+      if (value != "plain" && value != "swiglu" && value != "swiglu-quantize") {
+        usage("--epilogue: plain, swiglu or swiglu-quantize (fp8 only)");
+      }
+      o.swiglu = value != "plain";
+      o.quantize = value == "swiglu-quantize";
     } else if (arg == "--groups") o.groups = static_cast<int>(number());
     else if (arg == "--rows") o.rows = static_cast<int>(number());
     else if (arg == "--n") o.n = number();
@@ -83,6 +88,7 @@ Options parse(int argc, char** argv) {
     else usage(("unknown option " + arg).c_str());
   }
   if (o.groups < 1 || o.rows < 1 || o.iterations < 1 || o.warmup < 0) usage("sizes and counts must be positive");
+  if (o.quantize && !o.fp8) usage("--epilogue swiglu-quantize needs --element fp8");
   return o;
 }
 
@@ -216,7 +222,9 @@ int run(const Options& o) {
   const Groups groups = upload_groups(o, owned);
   mok::GroupedGemmArgs args;
   args.element = o.fp8 ? mok::GemmElement::kE4M3 : mok::GemmElement::kBF16;
-  args.epilogue = o.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
+  args.epilogue = o.quantize ? mok::GemmEpilogue::kSwiGLUQuantize
+                 : o.swiglu ? mok::GemmEpilogue::kSwiGLU
+                            : mok::GemmEpilogue::kPlain;
   const size_t a_count = static_cast<size_t>(m_total * o.k), b_count = static_cast<size_t>(o.groups * b_rows * o.k);
   if (o.fp8) {
     uint8_t* a = upload(random_e4m3(a_count, rng));
@@ -239,6 +247,12 @@ int run(const Options& o) {
   MOK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m_total * o.n) * 2));
   owned.push_back(out);
   args.out = out;
+  if (o.quantize) {  // e4m3 h in the first half of out's bytes, its scales beside
+    uint8_t* out_scales = nullptr;
+    MOK_CUDA_CHECK(cudaMalloc(&out_scales, static_cast<size_t>(m_total * (o.n / 128))));
+    owned.push_back(out_scales);
+    args.out_scales = out_scales;
+  }
   args.group_offset = groups.offset;
   args.group_rows = groups.rows;
   args.num_groups = o.groups;
@@ -250,7 +264,7 @@ int run(const Options& o) {
   const auto [median, best] = time_ms(o, [&] { mok::grouped_gemm(args); });
   const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(b_rows) * static_cast<double>(o.k);
   std::printf("%s %s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
-              o.fp8 ? "fp8" : "bf16", o.swiglu ? "swiglu" : "plain", o.groups, o.rows, static_cast<long long>(o.n),
+              o.fp8 ? "fp8" : "bf16", o.quantize ? "swiglu-quantize" : o.swiglu ? "swiglu" : "plain", o.groups, o.rows, static_cast<long long>(o.n),
               static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, best,
               flops / median / 1e9);
   for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));
