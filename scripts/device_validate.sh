@@ -3,7 +3,7 @@
 # it: build, every GPU test and pytest (scripts/device_check.sh tests),
 # compute-sanitizer memcheck on the newest GPU tests, then the measurements
 # that wait for them: the FP8 grouped GEMMs alone (mok_gemm_bench: plain,
-# SwiGLU and SwiGLU with h quantized, against bf16), the staged backward in
+# plain with A multicast, SwiGLU and SwiGLU with h quantized, against bf16), the staged backward in
 # save mode (bench_backward --quick --save) and the tuner's C++ path on a
 # small preset. Each step has its own time limit, so one that hangs cannot
 # take the others' time; logs go to $OUT (or ./out), a summary is printed last.
@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS COMMAND...: runs it, keeps its log, prints its tai
 # The whole call must fit the device tool's 600 s: about 200 s above, then these.
 gemm() {
   local b=build/tools/mok_gemm_bench
-  $b --element bf16 && $b --element fp8 && $b --element bf16 --epilogue swiglu --n 2048 &&
+  $b --element bf16 && $b --element fp8 && $b --element fp8 --multicast && $b --element bf16 --epilogue swiglu --n 2048 &&
     $b --element fp8 --epilogue swiglu --n 2048 && $b --element fp8 --epilogue swiglu-quantize --n 2048
 }
 TAIL=6 step fp8_gemms 90 gemm

@@ -7,7 +7,7 @@
 //
 //   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize]
 //                  [--groups G] [--rows R] [--n N] [--k K]
-//                  [--warmup W] [--iterations I] [--ctas C]
+//                  [--warmup W] [--iterations I] [--ctas C] [--multicast]
 //   mok_gemm_bench --weight-grad fp32|bf16|accumulate [--groups G] [--rows R] [--n N] [--k K] ...
 //
 // Defaults: the DeepSeek-V3 slice's gate/up GEMM (32 groups of 1024 rows,
@@ -37,6 +37,7 @@ struct Options {
   bool fp8 = true;
   bool swiglu = false;
   bool quantize = false;  // swiglu-quantize: FP8 h and its scales (kSwiGLUQuantize)
+  bool multicast = false;  // --multicast: the FP8 plain GEMM's 2-CTA variant (GroupedGemmArgs::fp8_multicast)
   int groups = 32;
   int rows = 1024;  // per group
   int64_t n = 4096;
@@ -52,7 +53,7 @@ struct Options {
                "mok_gemm_bench: %s\n"
                "usage: mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize] [--groups G]\n"
                "                      [--rows R]\n"
-               "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C]\n",
+               "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C] [--multicast]\n",
                why);
   std::exit(2);
 }
@@ -62,6 +63,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") usage("times one grouped GEMM shape");
+    if (arg == "--multicast") {
+      o.multicast = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
     const std::string value = argv[++i];
     const auto number = [&] { return std::stoll(value); };
@@ -260,11 +265,13 @@ int run(const Options& o) {
   args.n = o.n;
   args.k = o.k;
   args.max_ctas = o.ctas;
+  args.fp8_multicast = o.multicast;
   mok::validate_grouped_gemm(args);
   const auto [median, best] = time_ms(o, [&] { mok::grouped_gemm(args); });
   const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(b_rows) * static_cast<double>(o.k);
-  std::printf("%s %s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
-              o.fp8 ? "fp8" : "bf16", o.quantize ? "swiglu-quantize" : o.swiglu ? "swiglu" : "plain", o.groups, o.rows, static_cast<long long>(o.n),
+  std::printf("%s %s%s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
+              o.fp8 ? "fp8" : "bf16", o.quantize ? "swiglu-quantize" : o.swiglu ? "swiglu" : "plain",
+              o.multicast ? " (multicast)" : "", o.groups, o.rows, static_cast<long long>(o.n),
               static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, best,
               flops / median / 1e9);
   for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));

@@ -91,6 +91,11 @@ struct GroupedGemmArgs {
   float* row_scale_grad = nullptr;     // fp32 [m_total]; null = not written
   float* scratch = nullptr;            // fp32 [m_total, swiglu_backward_parts(n)]; needed with row_scale_grad
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
+  // kE4M3, plain epilogue, n a multiple of 256: run the 2-CTA variant, whose
+  // clusters share each A box by TMA multicast (the same bits; fewer L2
+  // bytes). EXPERIMENTAL: written without a GPU and not yet validated on
+  // one, hence off by default. Ignored where it does not apply.
+  bool fp8_multicast = false;
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.
   int raster_band = 0;

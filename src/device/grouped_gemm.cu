@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <sstream>
@@ -37,6 +38,12 @@ using PlainKNConfig = GemmTileConfig<128, 256, 4, EpilogueKind::kPlain, mok::Ele
 // 128 of K per stage, 6 stages (32 KB each); the promotion keeps a second set
 // of 64 accumulators, hence BN 128.
 using Fp8Config = GemmTileConfig<128, 128, 6, EpilogueKind::kPlain, mok::ElementType::kE4M3>;
+// Its 2-CTA twin (GroupedGemmArgs::fp8_multicast): the two CTAs of a cluster
+// take neighbouring n-tiles of the same rows and each loads half of their A
+// box for both: a quarter fewer L2 bytes per FMA (docs/fp8-forward-design.md,
+// section 1).
+using Fp8MulticastConfig = GemmTileConfig<128, 128, 6, EpilogueKind::kPlain, mok::ElementType::kE4M3,
+                                          mok::OperandMajor::kK, mok::OperandMajor::kK, 2>;
 // Its SwiGLU twin: 64 gate + 64 up weight rows per tile (each half inside one
 // 128-row scale block), 64 output columns.
 using Fp8SwigluConfig = GemmTileConfig<128, 128, 6, EpilogueKind::kSwiGLU, mok::ElementType::kE4M3>;
@@ -91,7 +98,7 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
 
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(args.m_total)};
   const cuuint64_t a_strides[1] = {row_bytes};
-  const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM};
+  const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM / Cfg::kClusterN};  // multicast: each CTA loads half
   const CUtensorMap a_map = device::encode_operand_map("a", kType, args.a, 2, a_dims, a_strides, a_box);
 
   CUtensorMap b_map;
@@ -142,17 +149,44 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
 
   // Upper bound on tasks without reading the device-resident counts: each
   // group has at most ceil(rows / BM) row tiles, and sum(rows) <= m_total.
-  const int64_t n_tiles = (args.n + Cfg::kOutCols - 1) / Cfg::kOutCols;
+  // With A multicast a task is a cluster's pair of n-tiles.
+  constexpr int kTaskCols = Cfg::kOutCols * Cfg::kClusterN;
+  const int64_t n_tiles = (args.n + kTaskCols - 1) / kTaskCols;
   const int64_t max_tasks = ((args.m_total + Cfg::kBlockM - 1) / Cfg::kBlockM + args.num_groups) * n_tiles;
   if (max_tasks > kInt32Max) throw Error("grouped_gemm: task count exceeds 2^31; split the call");
-  int ctas = sm_count();
-  if (args.max_ctas > 0 && args.max_ctas < ctas) ctas = args.max_ctas;
-  if (max_tasks < ctas) ctas = static_cast<int>(max_tasks);
 
   const int smem = device::grouped_gemm_smem_bytes<Cfg>();
   auto* kernel = device::grouped_gemm_kernel<Cfg>;
   MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, params);
+  if constexpr (Cfg::kClusterN == 1) {
+    int ctas = sm_count();
+    if (args.max_ctas > 0 && args.max_ctas < ctas) ctas = args.max_ctas;
+    if (max_tasks < ctas) ctas = static_cast<int>(max_tasks);
+    kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, params);
+  } else {
+    // Clusters of kClusterN CTAs: as many as can be resident at once (an
+    // SM's partner must sit in its GPC, so this can be below SMs / 2), each
+    // a persistent walker of task pairs.
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Cfg::kClusterN;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    config.gridDim = dim3(static_cast<unsigned>(sm_count() / Cfg::kClusterN * Cfg::kClusterN));
+    int clusters = 0;
+    MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    if (clusters < 1) throw Error("grouped_gemm: no 2-CTA cluster of the FP8 multicast tile fits on this GPU");
+    if (args.max_ctas > 0) clusters = std::min(clusters, std::max(1, args.max_ctas / Cfg::kClusterN));
+    if (max_tasks < clusters) clusters = static_cast<int>(max_tasks);
+    config.gridDim = dim3(static_cast<unsigned>(clusters * Cfg::kClusterN));
+    MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, b_map, params));
+  }
   MOK_CUDA_CHECK(cudaGetLastError());
   if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
     if (args.row_scale_grad != nullptr) {
@@ -261,6 +295,8 @@ void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
       launch<Fp8SwigluConfig>(args, stream);
     } else if (args.epilogue == GemmEpilogue::kSwiGLUQuantize) {
       launch<Fp8SwigluQuantizeConfig>(args, stream);
+    } else if (args.fp8_multicast && args.n % (2 * Fp8MulticastConfig::kOutCols) == 0) {
+      launch<Fp8MulticastConfig>(args, stream);
     } else {
       launch<Fp8Config>(args, stream);
     }

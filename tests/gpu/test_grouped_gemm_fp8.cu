@@ -68,7 +68,8 @@ Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t see
   return p;
 }
 
-std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0) {
+// multicast: the 2-CTA variant whose clusters share A boxes (GroupedGemmArgs::fp8_multicast).
+std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0, bool multicast = false) {
   DeviceBuffer<uint8_t> a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
   DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
@@ -87,6 +88,7 @@ std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0) {
   args.n = p.n;
   args.k = p.k;
   args.max_ctas = max_ctas;
+  args.fp8_multicast = multicast;
   args.epilogue = p.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   mok::grouped_gemm(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -159,7 +161,10 @@ TEST(GroupedGemmFp8, MatchesTheDequantizedReference) {
   // Uneven groups, one empty, padding between them; k = 384 (three scale
   // blocks), n = 256 (two n-tiles).
   const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 256, 384, 1);
-  expect_matches_reference(p, run_fp8(p));
+  const std::vector<uint16_t> out = run_fp8(p);
+  expect_matches_reference(p, out);
+  // The 2-CTA multicast variant (n = 256: one pair of n-tiles): the same bits.
+  EXPECT_EQ(run_fp8(p, 0, true), out);
 }
 
 TEST(GroupedGemmFp8, SwiGLUMatchesTheDequantizedReference) {
@@ -178,6 +183,9 @@ TEST(GroupedGemmFp8, BitwiseRepeatableAndIndependentOfTheGrid) {
   expect_matches_reference(p, first);
   for (int run = 1; run < 10; ++run) ASSERT_EQ(run_fp8(p), first) << "run " << run;
   for (int ctas : {1, 7}) EXPECT_EQ(run_fp8(p, ctas), first) << "ctas " << ctas;
+  // The multicast variant: the same bits, repeatably, at any cluster count
+  // (max_ctas 1 still launches one cluster of two; 7 gives three clusters).
+  for (int ctas : {0, 0, 1, 7}) EXPECT_EQ(run_fp8(p, ctas, true), first) << "multicast, ctas " << ctas;
 }
 
 // The FP8 gate/up with h quantized in the epilogue (kSwiGLUQuantize): the

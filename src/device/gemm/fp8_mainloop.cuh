@@ -27,6 +27,7 @@
 #include "device/gemm/tile_config.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
+#include "device/ptx/cluster.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/ptx/wgmma_fp8.cuh"
 #include "device/sched/grouped_tiles.cuh"
@@ -81,6 +82,13 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const int32_t b_gate =
       kSplitN && consumer == 1 ? b_up : (b_group + tile.n0 / 128) * scales.k_blocks;
   const bool releaser = lane == 0;
+  // Hands stage s back: to this CTA's producer and, with A multicast, to the
+  // peer's, which writes half of this CTA's stage too.
+  auto release = [&](int s) {
+    if (!releaser) return;
+    ring.consumer_release(s);
+    if constexpr (Cfg::kClusterN == 2) mbarrier_arrive_peer(&ring.empty[s], cluster_rank() ^ 1u);
+  };
   // Issues the next stage's wgmma into `part` (one committed group); returns
   // the stage it reads, to be handed back once that group has retired.
   auto issue = [&](float(&part)[Cfg::kAccRegs]) {
@@ -139,7 +147,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     StageScales sc = load_scales(kb);
     int next = issue(part_odd);
     wgmma::wait_group<1>();
-    if (releaser) ring.consumer_release(held);
+    release(held);
     promote(part_even, kb, sc);
     held = next;
     ++kb;
@@ -147,14 +155,14 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     sc = load_scales(kb);
     next = issue(part_even);
     wgmma::wait_group<1>();
-    if (releaser) ring.consumer_release(held);
+    release(held);
     promote(part_odd, kb, sc);
     held = next;
     ++kb;
   }
   const StageScales last = load_scales(kb);
   wgmma::wait_group<0>();
-  if (releaser) ring.consumer_release(held);
+  release(held);
   if (kb % 2 == 0) {
     promote(part_even, kb, last);
   } else {

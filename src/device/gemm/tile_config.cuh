@@ -11,9 +11,12 @@
 
 namespace mok::device {
 
+// kClusterN_ = 2: two CTAs of a cluster take neighbouring n-tiles of the same
+// rows and each multicasts half of the shared A box into both
+// (ptx/cluster.cuh); 1: a CTA loads its whole tile.
 template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_,
           ElementType kElement_ = ElementType::kBF16, OperandMajor kBMajor_ = OperandMajor::kK,
-          OperandMajor kAMajor_ = OperandMajor::kK>
+          OperandMajor kAMajor_ = OperandMajor::kK, int kClusterN_ = 1>
 struct GemmTileConfig {
   static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_, kBMajor_, kAMajor_};
   static constexpr int kBlockM = kBlockM_;  // A rows per tile: 64 per consumer warpgroup
@@ -25,6 +28,7 @@ struct GemmTileConfig {
   static constexpr ElementType kElement = kElement_;
   static constexpr OperandMajor kBMajor = kBMajor_;
   static constexpr OperandMajor kAMajor = kAMajor_;
+  static constexpr int kClusterN = kClusterN_;
   // An MN-major operand (B, or the A of a weight gradient) arrives as BN / kMNBlock boxes of [kBlockK rows][kMNBlock
   // columns], one 128-byte swizzle row of N per k.
   static constexpr int kMNBlock = kRowBytes / element_bytes(kElement_);
@@ -67,6 +71,9 @@ struct GemmTileConfig {
                 "the register split must fit in what the CTA has at launch");
 
   static_assert(kBlockM % 64 == 0 && kBlockM >= 64 && kBlockM <= 128, "BM: 64 or 128");
+  static_assert(kClusterN == 1 || (kClusterN == 2 && kBlockM == 128 && kElement == ElementType::kE4M3 &&
+                                   kEpilogue == EpilogueKind::kPlain && kBMajor == OperandMajor::kK),
+                "A multicast: the plain FP8 tile, each CTA of the pair loading 64 of its 128 A rows");
   static_assert(!kSplitN || (kBlockM == 64 && kBlockN == 256 && kElement == ElementType::kE4M3),
                 "a split-N tile is the FP8 gate/up tile: 64 rows, 128 gate + 128 up weight rows");
   static_assert(kBlockN == 128 || kBlockN == 256, "BN: a wgmma N this build wraps");

@@ -15,6 +15,7 @@
 #include "device/gemm/tile_config.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
+#include "device/ptx/cluster.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
@@ -39,7 +40,16 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
     uint64_t* full = ring.producer_acquire(Cfg::kStageBytes);
     auto& stage = smem.stages[ring.stage];
     const int k0 = kb * Cfg::kBlockK;
-    tma_load_2d(stage.a, maps.a, full, k0, tile.row0);
+    if constexpr (Cfg::kClusterN == 2) {
+      // This CTA's half of the A rows, into both CTAs' stage (the peer sends
+      // the other half); the A map's box is BM / 2 rows.
+      const uint32_t half = cluster_rank();
+      constexpr int kHalfRows = Cfg::kBlockM / 2;
+      tma_load_2d_multicast(stage.a + half * kHalfRows * Cfg::kRowBytes, maps.a, full, k0,
+                            tile.row0 + static_cast<int>(half) * kHalfRows, 0b11);
+    } else {
+      tma_load_2d(stage.a, maps.a, full, k0, tile.row0);
+    }
     if constexpr (Cfg::kBMajor == OperandMajor::kMN) {
       // B as [K, N]: BN / kMNBlock boxes of [kBlockK rows][kMNBlock columns].
 #pragma unroll

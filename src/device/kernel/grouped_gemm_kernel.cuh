@@ -16,6 +16,7 @@
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
+#include "device/ptx/cluster.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
@@ -69,7 +70,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   GemmSharedStorage<Cfg>& smem = shared.gemm;
 
   if (threadIdx.x == 0) {
-    StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
+    // With A multicast a stage is free once the consumer warps of both CTAs released it.
+    StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps * Cfg::kClusterN);
     tma_prefetch_descriptor(&a_map);
     tma_prefetch_descriptor(&b_map);
   }
@@ -83,17 +85,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   __syncthreads();
+  // The peer's barriers must be initialised before this CTA multicasts into
+  // its stages or arrives on them.
+  if constexpr (Cfg::kClusterN > 1) cluster_sync();
 
   const GemmTensorMaps maps{&a_map, &b_map};
-  GroupedTileWalker<Cfg::kBlockM, Cfg::kOutCols> walker{
+  // A cluster walks tiles kClusterN n-tiles wide; its CTA r takes the r-th
+  // (the host guarantees n is a multiple of that width).
+  GroupedTileWalker<Cfg::kBlockM, Cfg::kOutCols * Cfg::kClusterN> walker{
       counts_in_smem ? shared.group_offset : params.group_offset,
       counts_in_smem ? shared.group_rows : params.group_rows,
       params.num_groups,
-      (params.n_cols + Cfg::kOutCols - 1) / Cfg::kOutCols,
+      (params.n_cols + Cfg::kOutCols * Cfg::kClusterN - 1) / (Cfg::kOutCols * Cfg::kClusterN),
       params.band,
       params.m_total,
-      static_cast<int>(blockIdx.x),
-      static_cast<int>(gridDim.x)};
+      static_cast<int>(blockIdx.x) / Cfg::kClusterN,
+      static_cast<int>(gridDim.x) / Cfg::kClusterN};
+  const int n_shift = Cfg::kClusterN > 1 ? static_cast<int>(cluster_rank()) * Cfg::kOutCols : 0;
   StageRing<Cfg::kStages> ring{smem.full, smem.empty};
   const int k_blocks = params.k / Cfg::kBlockK;
   const int warpgroup = threadIdx.x / 128;
@@ -102,7 +110,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       GemmTile tile;
-      while (walker.next(tile)) load_tile<Cfg>(maps, smem, ring, tile, k_blocks);
+      while (walker.next(tile)) {
+        tile.n0 += n_shift;
+        load_tile<Cfg>(maps, smem, ring, tile, k_blocks);
+      }
     }
   } else {
     wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -110,6 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[Cfg::kAccRegs];
     GemmTile tile;
     while (walker.next(tile)) {
+      tile.n0 += n_shift;
       if constexpr (Cfg::kElement == ElementType::kE4M3) {
         mma_fp8_tile<Cfg>(smem, ring, consumer, tile, params.fp8, acc);
       } else {
@@ -126,6 +138,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   }
+  // No multicast into this CTA's stages and no arrival on its barriers may
+  // come after it exits: every thread of both CTAs meets here first.
+  if constexpr (Cfg::kClusterN > 1) cluster_sync();
 }
 
 }  // namespace mok::device
