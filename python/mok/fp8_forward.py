@@ -7,8 +7,10 @@ before the fused FP8 pass exists; the fused pass will quantize inside the
 dispatch and the gate/up epilogue instead.
 
     out = shared(x) + sum_j w_j y_j          fp32, slots in order, one bf16 rounding
-    y   = grouped_mm_fp8(quantize_rows(h), W2)
-    h   = grouped_mm_fp8_swiglu(quantize_rows(x rows), W13)
+    y   = grouped_mm_fp8(hq, W2)
+    hq  = grouped_mm_fp8_swiglu_quantize(quantize_rows(x rows), W13)   h quantized from fp32 in the
+                                                                       gate/up epilogue (I % 128 == 0;
+                                                                       else h in bf16, then quantize_rows)
 
 The kernels are injected (Fp8Ops), so the same code runs on the CPU with
 fp32 torch references of the ops (reference_fp8_ops()).
@@ -29,11 +31,15 @@ class Fp8Ops(NamedTuple):
     grouped_mm_fp8_swiglu: Callable  # (a, a_scales, w13, w13_scales, group_offset, group_rows) -> bf16
     grouped_mm: Callable             # bf16 (the shared expert)
     grouped_mm_swiglu: Callable
+    # (a, a_scales, w13, w13_scales, group_offset, group_rows) -> (h e4m3, h scales): h quantized from fp32
+    grouped_mm_fp8_swiglu_quantize: Callable
+    quantize_rows: Callable          # bf16 [M, K] -> (e4m3, scales)
 
 
 def kernel_fp8_ops() -> Fp8Ops:
     m = torch.ops.mok
-    return Fp8Ops(m.grouped_mm_fp8, m.grouped_mm_fp8_swiglu, m.grouped_mm, m.grouped_mm_swiglu)
+    return Fp8Ops(m.grouped_mm_fp8, m.grouped_mm_fp8_swiglu, m.grouped_mm, m.grouped_mm_swiglu,
+                  m.grouped_mm_fp8_swiglu_quantize, quantize_rows)
 
 
 def _dequantize_rows(values, scales):
@@ -47,23 +53,29 @@ def reference_fp8_ops() -> Fp8Ops:
     def dequantized_weights(b, b_scales):
         return QuantizedWeights(b, b_scales, b, b_scales).dequantize()
 
-    def mm(a, a_scales, b, b_scales, group_offset, group_rows, swiglu=False):
+    def mm(a, a_scales, b, b_scales, group_offset, group_rows, swiglu=False, dtype=torch.bfloat16):
         a_f, b_f = _dequantize_rows(a, a_scales), dequantized_weights(b, b_scales)
         n = b.shape[1] // 2 if swiglu else b.shape[1]
-        out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device=a.device)
+        out = torch.zeros(a.shape[0], n, dtype=dtype, device=a.device)
         for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
             acc = a_f[first:end] @ b_f[g].t()
             if swiglu:
                 acc = torch.nn.functional.silu(acc[:, :n]) * acc[:, n:]
-            out[first:end] = acc.bfloat16()
+            out[first:end] = acc.to(dtype)
         return out
+
+    def swiglu_quantize(*args):
+        # h in fp32 (no bf16 rounding), then the 1 x 128 quantizer; rows
+        # outside every group come out as zeros (the kernel leaves them).
+        return quantize_rows(mm(*args, swiglu=True, dtype=torch.float32))
 
     def swiglu_bf16(a, w13, group_offset, group_rows):
         gu = reference_grouped_mm(a, w13, group_offset, group_rows).float()
         n = w13.shape[1] // 2
         return (torch.nn.functional.silu(gu[:, :n]) * gu[:, n:]).bfloat16()
 
-    return Fp8Ops(mm, lambda *a: mm(*a, swiglu=True), reference_grouped_mm, swiglu_bf16)
+    return Fp8Ops(mm, lambda *a: mm(*a, swiglu=True), reference_grouped_mm, swiglu_bf16, swiglu_quantize,
+                  quantize_rows)
 
 
 def staged_fp8_forward(x, expert_ids, weights, w13: QuantizedWeights, w2: QuantizedWeights, shared_w13=None,
@@ -77,9 +89,12 @@ def staged_fp8_forward(x, expert_ids, weights, w13: QuantizedWeights, w2: Quanti
     T, k = expert_ids.shape
     E = w13.values.shape[0]
     s = routed_schedule(expert_ids, E)
-    xq, xs = quantize_rows(x.index_select(0, s.token_of_row))
-    h = ops.grouped_mm_fp8_swiglu(xq, xs, w13.values, w13.scales, s.group_offset, s.group_rows)
-    hq, hs = quantize_rows(h)
+    xq, xs = ops.quantize_rows(x.index_select(0, s.token_of_row))
+    if (w13.values.shape[1] // 2) % BLOCK == 0:  # h quantized in the gate/up epilogue, from fp32
+        hq, hs = ops.grouped_mm_fp8_swiglu_quantize(xq, xs, w13.values, w13.scales, s.group_offset, s.group_rows)
+    else:
+        hq, hs = ops.quantize_rows(ops.grouped_mm_fp8_swiglu(xq, xs, w13.values, w13.scales, s.group_offset,
+                                                             s.group_rows))
     y = ops.grouped_mm_fp8(hq, hs, w2.values, w2.scales, s.group_offset, s.group_rows)
     acc = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
     if shared_w13 is not None:  # the shared expert stays BF16

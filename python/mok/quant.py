@@ -71,13 +71,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activation rows x [rows, cols] (cols a multiple of 128) in 1 x 128
     blocks, the same rounding as quantize_weights: (values float8_e4m3fn
     [rows, cols], scales uint8 UE8M0 [rows, cols / 128]) -- what
-    mok.grouped_mm_fp8 reads as its A operand. Non-finite values are refused."""
+    mok.grouped_mm_fp8 reads as its A operand. Non-finite values are refused.
+    bf16 rows on a GPU go through mok's kernel (torch.ops.mok.quantize_rows_fp8),
+    which gives the same bytes as this torch code."""
     if x.dim() != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"quantize_rows: x is {tuple(x.shape)}; expected [rows, cols] with cols a multiple of {BLOCK}")
     xf = x.detach().float()
     if not bool(torch.isfinite(xf).all()):
         bad = torch.nonzero(~torch.isfinite(xf))[0].tolist()
         raise ValueError(f"quantize_rows: x{bad} is not finite")
+    if x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch.ops.mok, "quantize_rows_fp8"):
+        # The kernel (include/mok/quantize_rows.hpp): the same bytes, one launch.
+        return torch.ops.mok.quantize_rows_fp8(x.contiguous())
     blocks = xf.reshape(x.shape[0], -1, BLOCK)
     e = scale_exponents(blocks.abs().amax(dim=2))  # [rows, cols / 128]
     values = torch.ldexp(blocks, -e[:, :, None]).reshape(xf.shape).to(torch.float8_e4m3fn)

@@ -57,3 +57,31 @@ def test_matches_the_dequantized_product_and_repeats_bitwise():
     want_h = torch.nn.functional.silu(gate) * up
     err = float((h.float() - want_h).norm() / want_h.norm())
     assert err < 1e-2, err
+
+
+@pytest.mark.skipif(not has_hopper() or not hasattr(torch.ops.mok, "grouped_mm_fp8_swiglu_quantize"),
+                    reason="needs a Hopper GPU and a library with the quantizing gate/up")
+def test_the_quantizing_gate_up_matches_the_reference_and_the_scale_rule():
+    g = torch.Generator(device="cuda").manual_seed(4)
+    counts, K, I = [200, 0, 77, 300], 512, 256
+    M, G = sum(counts), len(counts)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    w13 = torch.randn(G, 2 * I, K, device="cuda", generator=g) / K ** 0.5
+    a, a_s = mok.quantize_rows(x)
+    q = mok.quantize_weights(w13)
+    off, rows = mok.layout_from_counts(counts, device="cuda")
+    hq, hs = torch.ops.mok.grouped_mm_fp8_swiglu_quantize(a, a_s, q.values, q.scales, off, rows)
+    assert hq.shape == (M, I) and hq.dtype == torch.float8_e4m3fn and hs.shape == (M, I // 128)
+    h = hq.float() * torch.exp2(hs.float() - 127).repeat_interleave(128, 1)
+    # The reference: fp32 h over the dequantized operands.
+    a_deq = a.float() * torch.exp2(a_s.float() - 127).repeat_interleave(128, 1)
+    group = torch.repeat_interleave(torch.arange(G, device="cuda"), torch.tensor(counts, device="cuda"))
+    gu = torch.einsum("mk,mnk->mn", a_deq, q.dequantize()[group])
+    want = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+    err = float((h - want).norm() / want.norm())
+    assert err < 4e-2, err  # e4m3 rounding of h (about 2-3% per value)
+    # The scale rule, exactly: each block's largest |value| / 2^e is in [224, 448].
+    peak = hq.float().abs().view(M, I // 128, 128).amax(2)
+    assert bool(((peak >= 224) & (peak <= 448)).all())
+    again = torch.ops.mok.grouped_mm_fp8_swiglu_quantize(a, a_s, q.values, q.scales, off, rows)
+    assert torch.equal(again[0].view(torch.uint8), hq.view(torch.uint8)) and torch.equal(again[1], hs)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import mok
+from conftest import has_hopper
 from mok.quant import scale_exponents
 
 
@@ -85,3 +86,17 @@ def test_rows_are_quantized_per_1x128_block_with_the_weights_rule():
         quantize_rows(torch.zeros(2, 100))
     with pytest.raises(ValueError, match="not finite"):
         quantize_rows(torch.full((1, 128), float("inf")))
+
+
+@pytest.mark.skipif(not has_hopper() or not hasattr(torch.ops.mok, "quantize_rows_fp8"),
+                    reason="needs a Hopper GPU and a library with the row quantizer kernel")
+def test_the_row_quantizer_kernel_gives_the_bytes_of_the_torch_code():
+    g = torch.Generator(device="cuda").manual_seed(9)
+    x = (torch.randn(333, 1024, device="cuda", generator=g) *
+         torch.exp2(torch.randint(-60, 60, (333, 8, 1), device="cuda", generator=g).float()).repeat_interleave(128, 2)
+         .view(333, 1024)).bfloat16()
+    x[5, :128] = 0  # an all-zero block
+    values, scales = mok.quantize_rows(x)        # bf16 on the GPU: the kernel
+    want_v, want_s = mok.quantize_rows(x.float())  # fp32: the torch code
+    assert torch.equal(scales, want_s)
+    assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))

@@ -30,6 +30,7 @@
 #include "device/ptx/cluster.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/ptx/wgmma_fp8.cuh"
+#include "device/quant/e4m3.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
 namespace mok::device {
@@ -43,11 +44,6 @@ struct Fp8Scales {
   int32_t m_total;
   int32_t up_rows;   // SwiGLU: N, where the up rows start in B (a tile's gate and up halves have a scale each)
 };
-
-// 2^(e - 127) (byte 0 is 2^-127, a subnormal; the quantizer never writes 255).
-__device__ __forceinline__ float ue8m0_value(uint32_t e) {
-  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
-}
 
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
 // K, promoted stage by stage. Rows at or past m_total are zeros (never stored).

@@ -23,8 +23,6 @@
 // Only rows [tile.row0, tile.row_end) are written, as in store_tile.
 #pragma once
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
 #include "device/gemm/fp8_mainloop.cuh"
@@ -32,24 +30,10 @@
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/ptx/named_barrier.cuh"
 #include "device/ptx/vector_io.cuh"
+#include "device/quant/e4m3.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
 namespace mok::device {
-
-// The scale exponent of a block with absolute maximum amax, as
-// mok::fp8::scale_exponent computes it on the host.
-__device__ __forceinline__ int32_t fp8_scale_exponent(float amax) {
-  if (!(amax > 0.0f)) return 0;  // an all-zero block (and NaN: the values carry it)
-  int k = 0;
-  const float f = frexpf(amax, &k);  // amax = f * 2^k, f in [0.5, 1); 448 = 0.875 * 2^9
-  const int32_t e = f <= 0.875f ? k - 9 : k - 8;
-  return min(max(e, -127), 127);
-}
-
-// Two values to e4m3, round to nearest even, saturating: lo in the low byte.
-__device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
-  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
-}
 
 // `values` e4m3 [m_total][n], `scales` ue8m0 [m_total][n / 128];
 // `exchange` Cfg::kExchangeFloats of shared memory; barrier_id names a
