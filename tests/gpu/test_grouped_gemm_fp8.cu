@@ -68,26 +68,39 @@ Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t see
   return p;
 }
 
+// A problem's operands and group table on the device, and the arguments
+// that name them (the caller adds the output and the epilogue).
+struct DeviceProblem {
+  DeviceBuffer<uint8_t> a, a_scales, b, b_scales;
+  DeviceBuffer<int32_t> offset, rows;
+  explicit DeviceProblem(const Fp8Problem& p)
+      : a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales), offset(p.layout.offset),
+        rows(p.layout.rows) {}
+  mok::GroupedGemmArgs args(const Fp8Problem& p, int max_ctas) const {
+    mok::GroupedGemmArgs args;
+    args.element = mok::GemmElement::kE4M3;
+    args.a = a.get();
+    args.a_scales = a_scales.get();
+    args.b = b.get();
+    args.b_scales = b_scales.get();
+    args.group_offset = offset.get();
+    args.group_rows = rows.get();
+    args.num_groups = p.layout.groups();
+    args.m_total = p.layout.m_total;
+    args.n = p.n;
+    args.k = p.k;
+    args.max_ctas = max_ctas;
+    return args;
+  }
+};
+
 // multicast: the 2-CTA variant whose clusters share A boxes (GroupedGemmArgs::fp8_multicast).
 std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0, bool multicast = false) {
-  DeviceBuffer<uint8_t> a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales);
+  const DeviceProblem d(p);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
-  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
   MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, static_cast<size_t>(p.layout.m_total * p.n) * 2));
-  mok::GroupedGemmArgs args;
-  args.element = mok::GemmElement::kE4M3;
-  args.a = a.get();
-  args.a_scales = a_scales.get();
-  args.b = b.get();
-  args.b_scales = b_scales.get();
+  mok::GroupedGemmArgs args = d.args(p, max_ctas);
   args.out = out.get();
-  args.group_offset = offset.get();
-  args.group_rows = rows.get();
-  args.num_groups = p.layout.groups();
-  args.m_total = p.layout.m_total;
-  args.n = p.n;
-  args.k = p.k;
-  args.max_ctas = max_ctas;
   args.fp8_multicast = multicast;
   args.epilogue = p.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   mok::grouped_gemm(args);
@@ -195,28 +208,15 @@ struct QuantizedH {
 };
 
 QuantizedH run_fp8_quantize(const Fp8Problem& p, int max_ctas = 0) {
-  DeviceBuffer<uint8_t> a(p.a), a_scales(p.a_scales), b(p.b.values), b_scales(p.b.scales);
+  const DeviceProblem d(p);
   DeviceBuffer<uint8_t> out(static_cast<size_t>(p.layout.m_total * p.n)),
       out_scales(static_cast<size_t>(p.layout.m_total * (p.n / 128)));
-  DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
   MOK_CUDA_CHECK(cudaMemset(out.get(), 0xAB, static_cast<size_t>(p.layout.m_total * p.n)));
   MOK_CUDA_CHECK(cudaMemset(out_scales.get(), 0xCD, static_cast<size_t>(p.layout.m_total * (p.n / 128))));
-  mok::GroupedGemmArgs args;
-  args.element = mok::GemmElement::kE4M3;
+  mok::GroupedGemmArgs args = d.args(p, max_ctas);
   args.epilogue = mok::GemmEpilogue::kSwiGLUQuantize;
-  args.a = a.get();
-  args.a_scales = a_scales.get();
-  args.b = b.get();
-  args.b_scales = b_scales.get();
   args.out = out.get();
   args.out_scales = out_scales.get();
-  args.group_offset = offset.get();
-  args.group_rows = rows.get();
-  args.num_groups = p.layout.groups();
-  args.m_total = p.layout.m_total;
-  args.n = p.n;
-  args.k = p.k;
-  args.max_ctas = max_ctas;
   mok::grouped_gemm(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   return {out.download(), out_scales.download()};
