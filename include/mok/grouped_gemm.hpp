@@ -93,8 +93,10 @@ struct GroupedGemmArgs {
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
   // kE4M3, plain epilogue, n a multiple of 256: run the 2-CTA variant, whose
   // clusters share each A box by TMA multicast (the same bits; fewer L2
-  // bytes). EXPERIMENTAL: written without a GPU and not yet validated on
-  // one, hence off by default. Ignored where it does not apply.
+  // bytes). It launches whole clusters: max_ctas is rounded down to an even
+  // count, and 1 still launches one cluster of two. EXPERIMENTAL: written
+  // without a GPU and not yet validated on one, hence off by default.
+  // Ignored where it does not apply.
   bool fp8_multicast = false;
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.

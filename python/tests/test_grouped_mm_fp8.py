@@ -17,6 +17,15 @@ def _meta(*shape, dtype):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
 
+def _blocky_weights(G, N, K, g):
+    """Random weights [G, N, K] whose 128 x 128 blocks differ in magnitude by
+    powers of two, so that their scales differ: a kernel reading another
+    block's scale (gate for up, another group or n-tile) is far off."""
+    octaves = torch.randint(-4, 5, (G, N // 128, 1, K // 128, 1), device="cuda", generator=g).float()
+    w = torch.randn(G, N // 128, 128, K // 128, 128, device="cuda", generator=g) * torch.exp2(octaves)
+    return w.reshape(G, N, K) / K ** 0.5
+
+
 def test_shapes_and_errors_on_meta_tensors():
     M, K, G, N = 300, 256, 3, 384
     a, a_s = _meta(M, K, dtype=torch.float8_e4m3fn), _meta(M, K // 128, dtype=torch.uint8)
@@ -39,7 +48,7 @@ def test_matches_the_dequantized_product_and_repeats_bitwise():
     M, G = sum(counts), len(counts)
     x = torch.randn(M, K, device="cuda", generator=g) * torch.exp2(torch.randint(-4, 5, (M, 1), device="cuda",
                                                                                    generator=g).float())
-    w = torch.randn(G, N, K, device="cuda", generator=g) / K ** 0.5
+    w = _blocky_weights(G, N, K, g)
     a, a_s = mok.quantize_rows(x)
     q = mok.quantize_weights(w)
     off, rows = mok.layout_from_counts(counts, device="cuda")
@@ -66,7 +75,7 @@ def test_the_quantizing_gate_up_matches_the_reference_and_the_scale_rule():
     counts, K, I = [200, 0, 77, 300], 512, 256
     M, G = sum(counts), len(counts)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
-    w13 = torch.randn(G, 2 * I, K, device="cuda", generator=g) / K ** 0.5
+    w13 = _blocky_weights(G, 2 * I, K, g)
     a, a_s = mok.quantize_rows(x)
     q = mok.quantize_weights(w13)
     off, rows = mok.layout_from_counts(counts, device="cuda")

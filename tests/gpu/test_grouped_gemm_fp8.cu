@@ -62,8 +62,22 @@ Fp8Problem make_problem(const Layout& layout, int64_t n, int64_t k, uint32_t see
   p.a.resize(a.size());
   p.a_scales.resize(static_cast<size_t>(layout.m_total * (k / 128)));
   mok::fp8::quantize_rows(a, layout.m_total, k, p.a, p.a_scales);
+  // Each 128 x 128 weight block gets its own power-of-two magnitude (so the
+  // blocks' scales differ, and a kernel reading the wrong block's scale --
+  // gate for up, one group or n-tile for another -- is off by a power of
+  // two), its elements a spread of a few octaves inside it.
   std::vector<float> b(static_cast<size_t>(layout.groups() * b_rows * k));
-  for (auto& v : b) v = unit(rng) * std::ldexp(1.0f, octave(rng) / 3) / std::sqrt(static_cast<float>(k));
+  std::vector<float> block_scale(static_cast<size_t>(layout.groups() * (b_rows / 128) * (k / 128)));
+  for (auto& s : block_scale) s = std::ldexp(1.0f, octave(rng));
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    for (int64_t r = 0; r < b_rows; ++r) {
+      for (int64_t c = 0; c < k; ++c) {
+        const float s = block_scale[static_cast<size_t>((g * (b_rows / 128) + r / 128) * (k / 128) + c / 128)];
+        b[static_cast<size_t>((g * b_rows + r) * k + c)] =
+            unit(rng) * s * std::ldexp(1.0f, octave(rng) / 3) / std::sqrt(static_cast<float>(k));
+      }
+    }
+  }
   p.b = mok::fp8::quantize_weight(b, layout.groups(), b_rows, k);
   return p;
 }
@@ -178,6 +192,13 @@ TEST(GroupedGemmFp8, MatchesTheDequantizedReference) {
   expect_matches_reference(p, out);
   // The 2-CTA multicast variant (n = 256: one pair of n-tiles): the same bits.
   EXPECT_EQ(run_fp8(p, 0, true), out);
+  // One group of 130 rows, nothing after it: the last tile's second 64-row
+  // half, which the cluster's rank 1 loads, lies wholly past m_total (TMA
+  // zero fill, still counted on both CTAs' barriers).
+  const Fp8Problem edge = make_problem(Layout::make({130}, {0}), 256, 256, 6);
+  const std::vector<uint16_t> edge_out = run_fp8(edge);
+  expect_matches_reference(edge, edge_out);
+  EXPECT_EQ(run_fp8(edge, 0, true), edge_out);
 }
 
 TEST(GroupedGemmFp8, SwiGLUMatchesTheDequantizedReference) {

@@ -32,8 +32,12 @@ TEST(QuantizeRows, EqualsTheHostQuantizerByteForByte) {
   std::vector<uint16_t> x(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
+      // kind 0: zeros; 1: near the top of the range; 2: near the bottom;
+      // 4: a subnormal block maximum (frexp's subnormal path); else random.
       const int kind = static_cast<int>((r * blocks + b) % 7);
-      const float scale = kind == 0 ? 0.0f : std::ldexp(1.0f, kind == 1 ? 120 : kind == 2 ? -120 : octave(rng));
+      const float scale =
+          kind == 0 ? 0.0f
+                    : std::ldexp(1.0f, kind == 1 ? 120 : kind == 2 ? -120 : kind == 4 ? -130 : octave(rng));
       for (int64_t c = 0; c < 128; ++c) {
         // kind 3: one large value and many tiny ones (e4m3 subnormals after scaling)
         const float v = kind == 3 && c > 0 ? unit(rng) * scale * 1e-3f : unit(rng) * scale;

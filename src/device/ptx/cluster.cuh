@@ -29,10 +29,16 @@ __device__ __forceinline__ void cluster_sync() {
 
 // One arrival on the barrier at `bar`'s offset in the shared memory of the
 // cluster's CTA `peer` (release at cluster scope: this thread's reads of the
-// stage happen before the peer's producer overwrites it).
+// stage happen before the peer's producer overwrites it). The peer's address
+// is made with mapa on the 32-bit shared window and used as a
+// shared::cluster address directly: the generic-pointer route (CCCL's
+// overload converts a mapped generic pointer with cvta.to.shared) leaves the
+// conversion of another CTA's address to the PTX ISA's undefined cases.
 __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* bar, uint32_t peer) {
-  auto* remote = static_cast<uint64_t*>(__cluster_map_shared_rank(bar, peer));
-  cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cluster, cuda::ptx::space_cluster, remote);
+  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(peer));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // TMA load of a 2-D box into the same shared-memory offset of every CTA in

@@ -18,9 +18,13 @@ __device__ __forceinline__ float ue8m0_value(uint32_t e) {
 // The scale exponent of a block with absolute maximum amax, as
 // mok::fp8::scale_exponent computes it on the host: the smallest e with
 // amax <= 448 * 2^e, clamped to [-127, 127]; 0 for an all-zero block (and
-// for NaN: the values then carry it).
+// for NaN: the values then carry it). The host refuses non-finite blocks;
+// here an infinite amax takes the largest scale, so the infinity saturates
+// to +-448 and the block's finite values flush toward zero (frexpf of an
+// infinity returns no usable exponent).
 __device__ __forceinline__ int32_t fp8_scale_exponent(float amax) {
   if (!(amax > 0.0f)) return 0;
+  if (isinf(amax)) return 127;
   int k = 0;
   const float f = frexpf(amax, &k);  // amax = f * 2^k, f in [0.5, 1); 448 = 0.875 * 2^9
   const int32_t e = f <= 0.875f ? k - 9 : k - 8;
