@@ -3,7 +3,8 @@
 # measurements that take longest. Issue 17's tuner gains -- mok_cli tune on
 # each preset (and skewed routing), every candidate timed in paired rounds
 # against the defaults -- then the FP8 benchmark against torch's rowwise FP8
-# and the staged backward in both modes. Each step has its own time limit;
+# and the staged backward in recompute mode (device_validate.sh runs save
+# mode). Each step has its own time limit;
 # logs go to $OUT (or ./out). Expects the build of device_validate.sh in
 # build/ (run that first in the same machine, or carry build/).
 #
@@ -26,4 +27,4 @@ done
 TAIL=3 step tune_dsv3_skewed $((budget + 40)) build/tools/mok_cli tune --preset deepseek-v3-ep8-slice --routing skewed \
   --budget "$budget" --cache "$cache"
 TAIL=12 step fp8_bench 150 python3 bench/bench_grouped_gemm_fp8.py
-TAIL=8 step backward_both 150 python3 bench/bench_backward.py --quick --no-profile
+TAIL=8 step backward_recompute 150 python3 bench/bench_backward.py --quick --no-profile
