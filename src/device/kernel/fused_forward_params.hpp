@@ -74,6 +74,7 @@ struct SavedPreactivations {
 };
 
 struct FusedForwardParams {
+  using Pass = protocol::ForwardPass;  // the table the kernel's roles walk (role_context.cuh)
   RankView ranks[kMaxWorldSize];
   int32_t world_size;
   // The ranks this launch serves: [first_rank, first_rank + launch_ranks).

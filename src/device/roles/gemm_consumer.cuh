@@ -13,10 +13,10 @@ namespace mok::device {
 // expert's by token; padding rows and rows past the tokens are not written.
 // n = I or S: the gate columns of the tile go to [col0, ...), the up columns
 // to [n + col0, ...) of the row.
-template <class Spec>
-__device__ __forceinline__ void store_preactivations(const RankView& v, const SavedPreactivations& saved,
+template <class Spec, class View>
+__device__ __forceinline__ void store_preactivations(const View& v, const SavedPreactivations& saved,
                                                      GemmSharedStorage<KindConfig<Spec>>& storage,
-                                                     const float (&acc)[FusedGemmCfg::kAccRegs], int consumer,
+                                                     const float (&acc)[KindConfig<Spec>::kAccRegs], int consumer,
                                                      const GemmTask& task, int32_t n) {
   using Cfg = KindConfig<Spec>;
   constexpr bool kRouted = Spec::value.rows == protocol::Rows::kSchedule;
@@ -37,12 +37,12 @@ __device__ __forceinline__ void store_preactivations(const RankView& v, const Sa
 // Stores a finished task's tile where its kind says: rows the rank owns (a
 // ring's rows, all of them; or its own tokens, those that exist), or rows of
 // home ranks that the row resolver looked up during the mainloop.
-template <class Spec, bool kTraining>
-__device__ __forceinline__ void store_task_output(const RankView& v, const SavedPreactivations& saved,
-                                                  FusedGemmShared& smem,
-                                                  const float (&acc)[FusedGemmCfg::kAccRegs], int consumer,
+template <class Spec, class Ctx>
+__device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShared& smem,
+                                                  const float (&acc)[KindConfig<Spec>::kAccRegs], int consumer,
                                                   const GemmTask& task, int task_slot, int32_t n_cols) {
   using Cfg = KindConfig<Spec>;
+  const auto& v = ctx.view();
   auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
   const int col0 = task.n_tile * Cfg::kOutCols;
   const int32_t row0 = task.row0;
@@ -61,8 +61,8 @@ __device__ __forceinline__ void store_task_output(const RankView& v, const Saved
       return base + static_cast<int64_t>(row0 + i) * n_cols;
     });
   }
-  if constexpr (kTraining && Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
-    store_preactivations<Spec>(v, saved, storage, acc, consumer, task, n_cols);
+  if constexpr (Ctx::kTraining && Cfg::kEpilogue == EpilogueKind::kSwiGLU) {
+    store_preactivations<Spec>(v, ctx.params.saved[ctx.rank], storage, acc, consumer, task, n_cols);
   }
 }
 
@@ -72,13 +72,14 @@ __device__ __forceinline__ void store_task_output(const RankView& v, const Saved
 template <class Ctx>
 __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, int consumer) {
   using Pass = typename Ctx::Pass;
-  const RankView& v = ctx.view();
+  using MainCfg = PassGemmCfg<Pass>;  // the one mainloop shape of the pass's GEMM kinds
   const int lane = threadIdx.x % 32;
   const protocol::PassShape shape = ctx.shape();
-  StageRing<FusedGemmCfg::kStages> ring{smem.storage.full, smem.storage.empty};
+  auto& storage = reinterpret_cast<GemmSharedStorage<MainCfg>&>(smem.storage);
+  StageRing<MainCfg::kStages> ring{storage.full, storage.empty};
   SlotCursor<kTaskSlots> tasks;
   SlotCursor<kDoneSlots> done;
-  float acc[FusedGemmCfg::kAccRegs];
+  float acc[MainCfg::kAccRegs];
   // Every barrier wait of the consumers ends a stall this way, never by a
   // trap.
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
@@ -119,9 +120,9 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     // full or less) computes and stores nothing; the other one runs alone.
     const bool idle = consumer * 64 >= task.real_rows;
     if (idle) {
-      skip_tile<FusedGemmCfg>(ring, k / FusedGemmCfg::kBlockK, on_stall);
+      skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall);
     } else {
-      mma_tile<FusedGemmCfg>(smem.storage, ring, consumer, k / FusedGemmCfg::kBlockK, acc, on_stall);
+      mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
     // Every task, not only those going home: the resolver must be done with
@@ -130,8 +131,8 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
 
     if (!idle) {
       protocol::visit_kind<Pass>(task.kind, [&](auto K) {
-        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>, Ctx::kTraining>(
-            v, ctx.params.saved[ctx.rank], smem, acc, consumer, task, task_slot, n_cols);
+        store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(ctx, smem, acc, consumer, task,
+                                                                                      task_slot, n_cols);
       });
     }
     __syncwarp();

@@ -29,7 +29,7 @@ __device__ __forceinline__ int32_t expert_of_row(const int32_t* expert_offset, i
 template <class Ctx>
 __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
-  const RankView& v = ctx.view();
+  const auto& v = ctx.view();
   const protocol::PassGeometry<Pass> token_geometry = ctx.geometry(0);
   // The prologue's tasks (token rows) need no schedule: every later ticket does.
   const int64_t token_tasks = protocol::prologue_task_count(token_geometry);

@@ -13,7 +13,7 @@ namespace mok::device {
 template <class Ctx>
 __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
-  const RankView& v = ctx.view();
+  const auto& v = ctx.view();
   const CUtensorMap* maps = v.maps;
   const protocol::PassShape shape = ctx.shape();
   StageRing<FusedGemmCfg::kStages> ring{smem.storage.full, smem.storage.empty};

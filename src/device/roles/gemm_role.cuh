@@ -44,7 +44,9 @@ using KindConfig = GemmTileConfig<Spec::value.tile.block_m, Spec::value.tile.blo
 // stage layout, one accumulator array and one wgmma instruction shape (a
 // row's bits must not depend on its task's kind's code path). The epilogue
 // is the kind's own.
-using FusedGemmCfg = KindConfig<protocol::KindSpec<protocol::ForwardPass, 0>>;
+template <class Pass>
+using PassGemmCfg = KindConfig<protocol::KindSpec<Pass, 0>>;
+using FusedGemmCfg = PassGemmCfg<protocol::ForwardPass>;
 template <class Pass>
 constexpr bool kinds_share_mainloop() {
   bool same = true;
@@ -93,8 +95,8 @@ struct FusedGemmShared {
 };
 
 // The base of a task's output tensor in its rank's view, and its rows.
-template <protocol::Tensor kOut>
-__device__ __forceinline__ uint16_t* output_base(const RankView& v) {
+template <protocol::Tensor kOut, class View>
+__device__ __forceinline__ uint16_t* output_base(const View& v) {
   static_assert(kOut == protocol::Tensor::kRingH || kOut == protocol::Tensor::kSharedH ||
                     kOut == protocol::Tensor::kSharedOut,
                 "a tensor the rank owns (home rows are resolved per row)");

@@ -16,7 +16,7 @@ namespace mok::device {
 template <class Ctx>
 __device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
-  const RankView& v = ctx.view();
+  const auto& v = ctx.view();
   const int lane = threadIdx.x % 32;
   const int top_k = ctx.params.top_k;
   const protocol::PassShape shape = ctx.shape();

@@ -13,7 +13,7 @@ namespace mok::device {
 template <class Ctx>
 __device__ __forceinline__ void gemm_signaler(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
-  const RankView& v = ctx.view();
+  const auto& v = ctx.view();
   // Counter indices depend on the ring's shape only, never on the schedule's
   // length: the geometry without schedule rows serves every task.
   const protocol::PassGeometry<Pass> g = ctx.geometry(0);

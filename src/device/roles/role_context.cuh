@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device/kernel/fused_forward_params.hpp"
 #include "device/ptx/named_barrier.cuh"
@@ -33,19 +34,25 @@ __device__ __forceinline__ RowSource load_row_source(const RowSource* row) {
 // kTraining: the forward's training mode, which also keeps the gate/up
 // pre-activations where the caller asks (gemm_consumer.cuh); a separate
 // instantiation, so that the inference kernel's code is the same as without it.
-template <cuda::thread_scope kScope_, bool kTraining_ = false>
+// Params: the kernel's parameters (FusedForwardParams for the forward),
+// which name the pass (Params::Pass) and hold every rank's view
+// (Params::ranks[r]); the GEMM roles read only fields every pass's params
+// and views share (docs/backward-design.md, "Implementation plan").
+template <cuda::thread_scope kScope_, bool kTraining_ = false, class Params_ = FusedForwardParams>
 struct RoleContext {
   static constexpr cuda::thread_scope kScope = kScope_;
+  using Params = Params_;
   // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
-  using Pass = protocol::ForwardPass;
+  using Pass = typename Params::Pass;
+  using View = std::remove_cvref_t<decltype(Params{}.ranks[0])>;
   static constexpr bool kTraining = kTraining_;
 
-  const FusedForwardParams& params;
+  const Params& params;
   int32_t rank;
   protocol::DeviceSync<kScope> sync;
 
-  __device__ const RankView& view() const { return params.ranks[rank]; }
-  __device__ const protocol::ForwardCounters& counters() const { return view().counters; }
+  __device__ const View& view() const { return params.ranks[rank]; }
+  __device__ const protocol::PassCounters<Pass>& counters() const { return view().counters; }
 
   __device__ protocol::PassShape shape() const {
     return protocol::PassShape{params.tile_m,  params.minibatch_rows, params.ring_slots, params.lookahead,
