@@ -1,4 +1,5 @@
-"""mok.nn: an MoE layer to put in a model, on one GPU.
+"""mok.nn: an MoE layer to put in a model, on one GPU or expert-parallel
+over a torch.distributed process group (one process per GPU).
 
   TopKRouter  the top-k router: softmax (Qwen3, Mixtral) or sigmoid (DeepSeek-V3,
               GLM-4.5) scores, optional group-limited selection and a
@@ -17,6 +18,7 @@ expert weight and, through the routing weights, the router their gradients.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -108,12 +110,28 @@ class MoE(torch.nn.Module):
     micro-batch, in place of .grad (which stays None; zero main_grad yourself
     after the optimizer step). The router's weight keeps its ordinary .grad. Keyword tuning options (minibatch_rows, ring_slots, ...) go to
     mok.fused_forward unchanged.
+
+    process_group: expert parallelism over that group (one process per GPU,
+    mok.distributed.FusedMoEWorld): this rank holds experts [r E/R, (r + 1)
+    E/R) (w13 [E/R, 2I, H], w2 [E/R, H, I]), its router and shared expert are
+    its own copies (a data-parallel framework keeps them in sync), and each
+    call routes this rank's tokens to every rank's experts and back. Token
+    counts may differ between ranks and between calls: each call gathers the
+    ranks' counts (one small all_gather, a host synchronisation) and reuses
+    the world made for those counts (up to `worlds` of them, least recently
+    used evicted; making or evicting one is collective, which holds because
+    every rank sees the same counts in the same order). Every rank must call
+    forward (and backward) the same number of times, in the same order
+    relative to other collectives. The expert-parallel backward is the staged
+    one (mok/ep_backward.py, recompute mode); save_activations and
+    fp32_main_grad are not available with it. close() releases the worlds
+    (collective).
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
                  shared_intermediate: int = 0, router: TopKRouter | None = None, device=None,
                  dtype: torch.dtype = torch.bfloat16, save_activations: bool = False, fp32_main_grad: bool = False,
-                 **tuning):
+                 process_group=None, worlds: int = 4, **tuning):
         super().__init__()
         for name, value in (("hidden", hidden), ("intermediate", intermediate),
                             ("shared_intermediate", shared_intermediate)):
@@ -123,7 +141,23 @@ class MoE(torch.nn.Module):
         if dtype != torch.bfloat16:
             raise ValueError(f"dtype = {dtype}: the kernels take bf16 parameters")
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, num_experts, top_k
+        self.shared_intermediate = shared_intermediate
         self.tuning = tuning
+        self.process_group = process_group
+        local_experts = num_experts
+        if process_group is not None:
+            import torch.distributed as dist
+            ranks = dist.get_world_size(process_group)
+            if num_experts % ranks != 0:
+                raise ValueError(f"num_experts = {num_experts}: must be a multiple of the group's {ranks} ranks")
+            if save_activations or fp32_main_grad:
+                raise ValueError("process_group: save_activations and fp32_main_grad are not available with the "
+                                 "expert-parallel backward yet")
+            if worlds < 1:
+                raise ValueError(f"worlds = {worlds}: must be >= 1")
+            local_experts = num_experts // ranks
+            self._worlds = collections.OrderedDict()  # token counts of every rank -> FusedMoEWorld
+            self._max_worlds = worlds
         self.save_activations = save_activations
         self.router = router if router is not None else TopKRouter(hidden, num_experts, top_k, device=device)
         if (self.router.hidden, self.router.num_experts, self.router.top_k) != (hidden, num_experts, top_k):
@@ -134,8 +168,8 @@ class MoE(torch.nn.Module):
             torch.nn.init.normal_(p, std=1.0 / math.sqrt(fan_in))
             return torch.nn.Parameter(p)
 
-        self.w13 = param(num_experts, 2 * intermediate, hidden, fan_in=hidden)
-        self.w2 = param(num_experts, hidden, intermediate, fan_in=intermediate)
+        self.w13 = param(local_experts, 2 * intermediate, hidden, fan_in=hidden)
+        self.w2 = param(local_experts, hidden, intermediate, fan_in=intermediate)
         if shared_intermediate > 0:
             self.shared_w13 = param(2 * shared_intermediate, hidden, fan_in=hidden)
             self.shared_w2 = param(hidden, shared_intermediate, fan_in=shared_intermediate)
@@ -151,10 +185,45 @@ class MoE(torch.nn.Module):
             raise ValueError(f"x: last dimension {x.shape[-1]}, expected hidden = {self.hidden}")
         tokens = x.reshape(-1, self.hidden).to(torch.bfloat16).contiguous()
         expert_ids, weights = self.router(tokens)
+        if self.process_group is not None:
+            world = self._world_for(tokens)
+            out = world(tokens, expert_ids, weights, self.w13, self.w2, self.shared_w13, self.shared_w2)
+            return out.view(x.shape)
         out = fused_forward([tokens], [expert_ids], [weights], [self.w13], [self.w2], self.shared_w13,
                             self.shared_w2, num_experts=self.num_experts,
                             save_activations=self.save_activations and torch.is_grad_enabled(), **self.tuning)[0]
         return out.view(x.shape)
+
+    def _world_for(self, tokens: torch.Tensor):
+        """The process world for this call's token counts (collective)."""
+        import torch.distributed as dist
+        from .distributed import FusedMoEWorld
+        group = self.process_group
+        on_gpu = dist.get_backend(group) == "nccl"
+        mine = torch.tensor([tokens.shape[0]], dtype=torch.int64, device=tokens.device if on_gpu else "cpu")
+        counts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(counts, mine, group=group)
+        key = tuple(int(c.item()) for c in counts)
+        world = self._worlds.get(key)
+        if world is None:
+            if len(self._worlds) >= self._max_worlds:  # every rank evicts the same one
+                _, oldest = self._worlds.popitem(last=False)
+                oldest.close()
+            world = FusedMoEWorld(group, list(key), self.hidden, self.intermediate, self.num_experts, self.top_k,
+                                  self.shared_intermediate, device=tokens.device, **self.tuning)
+            self._worlds[key] = world
+        else:
+            self._worlds.move_to_end(key)
+        return world
+
+    def close(self) -> None:
+        """Releases the process worlds of an expert-parallel layer (collective:
+        every rank calls it); a no-op on one GPU."""
+        if self.process_group is None:
+            return
+        while self._worlds:
+            _, world = self._worlds.popitem(last=False)
+            world.close()
 
 
 __all__ = ["MoE", "TopKRouter"]

@@ -161,3 +161,61 @@ def test_layer_matches_an_fp32_torch_computation_on_the_gpu():
     # Bitwise repeatable.
     with torch.no_grad():
         assert torch.equal(moe(x), out)
+
+
+def _single_rank_group(backend="gloo"):
+    """A process group of this process alone (file store; destroyed by the caller)."""
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def test_expert_parallel_layer_holds_its_experts_and_refuses_what_it_cannot_run():
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    group = _single_rank_group()
+    try:
+        layer = MoE(128, 64, 8, 2, shared_intermediate=64, process_group=group)
+        assert layer.w13.shape == (8, 128, 128) and layer.w2.shape == (8, 128, 64)  # E / R = 8 / 1 experts
+        with pytest.raises(ValueError, match="save_activations and fp32_main_grad"):
+            MoE(128, 64, 8, 2, process_group=group, save_activations=True)
+        with pytest.raises(ValueError, match="worlds"):
+            MoE(128, 64, 8, 2, process_group=group, worlds=0)
+        layer.close()  # no world made yet: nothing to release
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_expert_parallel_layer_of_one_rank_gives_the_one_gpu_bits():
+    """A group of one process: the process world and its expert-parallel
+    backward against the one-GPU layer with the same parameters, bitwise, over
+    calls whose token count changes (each count gets its world)."""
+    import torch.distributed as dist
+    group = _single_rank_group()
+    try:
+        torch.manual_seed(5)
+        one = MoE(256, 128, 8, 2, shared_intermediate=128, device="cuda")
+        ep = MoE(256, 128, 8, 2, shared_intermediate=128, device="cuda", process_group=group, worlds=2)
+        ep.load_state_dict(one.state_dict())
+        for tokens in (96, 64, 96, 33):
+            x = torch.randn(tokens, 256, device="cuda").bfloat16()
+            outs, grads = [], []
+            for layer in (one, ep):
+                xi = x.clone().requires_grad_(True)
+                out = layer(xi)
+                outs.append(out)
+                params = [xi, layer.w13, layer.w2, layer.shared_w13, layer.shared_w2, layer.router.weight]
+                grads.append(torch.autograd.grad(out.float().square().sum(), params))
+            assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), tokens
+            for name, a, b in zip(("x", "w13", "w2", "shared_w13", "shared_w2", "router"), *grads):
+                assert torch.equal(a, b), (tokens, name)
+        assert len(ep._worlds) == 2  # three distinct counts, two kept
+        ep.close()
+    finally:
+        dist.destroy_process_group()
