@@ -96,6 +96,14 @@ struct RankTensors {
   // the kernel; its outputs are the same bits as without.
   void* preact = nullptr;
   void* shared_preact = nullptr;
+  // Optional: this pass's token count of this rank, at most the layer's
+  // tokens_per_rank[r], which is then a capacity (the workspace is sized for
+  // it, nothing is reallocated when the count changes from pass to pass):
+  // x, expert_ids, weights, out and shared_preact hold `tokens` rows.
+  // -1: tokens_per_rank[r]. Virtual and peer worlds only (the ranks of a
+  // process world know each other's counts from the layer). The outputs are
+  // the bits an object made for exactly these counts gives.
+  int tokens = -1;
 };
 
 class FusedForward {

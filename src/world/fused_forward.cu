@@ -150,6 +150,10 @@ void FusedForward::run(const RankTensors& mine, CUstream_st* stream) {
     throw Error("run: call import_peers() with every rank's handle first (the peers' workspaces are not mapped)");
   }
   world::check_rank_tensors(s.config, mine, s.options.process_rank);
+  if (mine.tokens >= 0 && mine.tokens != s.config.tokens_per_rank[static_cast<size_t>(s.options.process_rank)]) {
+    throw Error("run(mine): a process world's token counts are the layer's (its ranks know each other's from it): "
+                "tokens must be -1 or tokens_per_rank[rank]");
+  }
   launch(std::span<const RankTensors>(&mine, 1), std::span<CUstream_st* const>(&stream, 1));
 }
 

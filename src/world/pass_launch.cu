@@ -84,6 +84,7 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
 
     for (size_t j = 0; j < tensors.size(); ++j) {
       device::RankView& v = s.params.ranks[first_rank + static_cast<int>(j)];
+      v.tokens = pass_tokens(s.config, tensors[j], first_rank + static_cast<int>(j));
       v.x = static_cast<const uint16_t*>(tensors[j].x);
       v.ids = tensors[j].expert_ids;
       v.weights = tensors[j].weights;

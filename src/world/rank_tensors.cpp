@@ -31,10 +31,19 @@ void require_device_pointer(const void* p, const std::string& field, bool requir
 
 }  // namespace
 
+int pass_tokens(const LayerConfig& config, const RankTensors& t, int r) {
+  return t.tokens < 0 ? config.tokens_per_rank[static_cast<size_t>(r)] : t.tokens;
+}
+
 void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) {
-  const bool has_tokens = config.tokens_per_rank[static_cast<size_t>(r)] > 0;
-  const bool has_shared = config.shared_width() > 0;
   const std::string rank = "rank " + std::to_string(r) + ": ";
+  const int capacity = config.tokens_per_rank[static_cast<size_t>(r)];
+  if (t.tokens < -1 || t.tokens > capacity) {
+    throw Error(rank + "tokens = " + std::to_string(t.tokens) + ": must be in [0, " + std::to_string(capacity) +
+                "] (the layer's tokens_per_rank is the capacity), or -1 for the capacity");
+  }
+  const bool has_tokens = pass_tokens(config, t, r) > 0;
+  const bool has_shared = config.shared_width() > 0;
   require_device_pointer(t.x, rank + "x", has_tokens);
   require_device_pointer(t.out, rank + "out", has_tokens);
   require_device_pointer(t.w13, rank + "w13", true);
@@ -57,7 +66,7 @@ void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) 
 
 bool tensor_maps_moved(const RankTensors& before, const RankTensors& now) {
   return before.x != now.x || before.w13 != now.w13 || before.w2 != now.w2 || before.shared_w13 != now.shared_w13 ||
-         before.shared_w2 != now.shared_w2;
+         before.shared_w2 != now.shared_w2 || before.tokens != now.tokens;  // x's map has the pass's rows
 }
 
 }  // namespace mok::world

@@ -10,6 +10,10 @@ namespace mok::world {
 // Throws mok::Error naming the rank and the field.
 void check_rank_tensors(const LayerConfig& config, const RankTensors& tensors, int rank);
 
+// The rank's token count in this pass: tensors.tokens, or the layer's
+// tokens_per_rank[rank] (its capacity) when that is -1.
+int pass_tokens(const LayerConfig& config, const RankTensors& tensors, int rank);
+
 // Whether a tensor the rank's tensor maps describe has moved (maps are
 // rebuilt only then).
 bool tensor_maps_moved(const RankTensors& before, const RankTensors& now);

@@ -6,6 +6,7 @@
 #include "common/cuda_check.hpp"
 #include "device/host/driver_api.hpp"
 #include "device/roles/gemm_role.cuh"
+#include "world/rank_tensors.hpp"
 #include "world/workspace_layout.hpp"
 
 namespace mok::world {
@@ -45,7 +46,9 @@ RankTensorMaps encode_tensor_maps(const LayerConfig& c, const FusedForwardOption
                    S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
   const cuuint64_t ring_rows = static_cast<cuuint64_t>(options.ring_slots) * static_cast<cuuint64_t>(options.minibatch_rows);
   const cuuint64_t h2 = H * 2, i2 = I * 2, s2 = S * 2;  // bf16 row pitches in bytes
-  const cuuint64_t T = static_cast<cuuint64_t>(c.tokens_per_rank[static_cast<size_t>(rank)]);
+  // This pass's rows of x (the layer's count is only the capacity): TMA must
+  // not read past the caller's tensor.
+  const cuuint64_t T = static_cast<cuuint64_t>(pass_tokens(c, t, rank));
   const cuuint64_t T_pad = align_up(T, kBoxRowsA);
   const std::array<cuuint32_t, 4> box_a{kBoxK, kBoxRowsA, 1, 1};
   const std::array<cuuint32_t, 4> box_gate_up{kBoxK, kBoxRowsGateUp, 1, 1};

@@ -106,6 +106,37 @@ TEST(FusedForward, UnequalTokenCountsIncludingZeroAndOne) {
   expect_close_to_reference(run_fused(device, config, small_ring(256, 3)), reference_out(layer));
 }
 
+// An object made for a capacity runs passes with fewer tokens per rank
+// (RankTensors::tokens): the bits of an object made for exactly those counts,
+// pass after pass as the counts change, with nothing reallocated.
+TEST(FusedForward, ACapacityObjectGivesTheExactObjectsBitsAsTokenCountsChange) {
+  MOK_REQUIRE_HOPPER();
+  const auto capacity = mok::make_config(mok::find_shape("small"), std::vector<int>{40, 7, 300, 300});
+  mok::FusedForward sized_for_capacity(capacity, small_ring(256, 2));
+  for (const std::vector<int>& counts : {std::vector<int>{0, 1, 250, 33}, std::vector<int>{40, 7, 300, 300},
+                                         std::vector<int>{13, 0, 2, 299}}) {
+    SCOPED_TRACE(testing::Message() << "counts " << counts[0] << " " << counts[1] << " " << counts[2] << " "
+                                    << counts[3]);
+    const auto exact = mok::make_config(mok::find_shape("small"), counts);
+    const auto layer = mok::synthetic::make_layer(exact, 31, RoutingMode::kSkewed);
+    DeviceLayer device(layer);
+    const std::vector<uint16_t> want = run_fused(device, exact, small_ring(256, 2));
+    std::vector<mok::RankTensors> tensors = device.tensors();
+    for (size_t r = 0; r < tensors.size(); ++r) tensors[r].tokens = counts[r];
+    device.poison_outputs();
+    sized_for_capacity.run(tensors);
+    sized_for_capacity.check();
+    EXPECT_EQ(device.download_outputs(), want);
+  }
+  // More tokens than the capacity is refused before any launch.
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{40, 7, 300, 300});
+  const auto layer = mok::synthetic::make_layer(config, 32);
+  DeviceLayer device(layer);
+  std::vector<mok::RankTensors> tensors = device.tensors();
+  tensors[1].tokens = 8;
+  EXPECT_THROW(sized_for_capacity.run(tensors), mok::Error);
+}
+
 TEST(FusedForward, BitwiseIdenticalOverTwentyRuns) {
   MOK_REQUIRE_HOPPER();
   const auto config = mok::make_config(mok::find_shape("medium"), 4, 128);
