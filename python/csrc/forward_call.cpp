@@ -1,5 +1,6 @@
 #include "forward_call.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #include "forward_tensors.hpp"
@@ -7,6 +8,15 @@
 #include "tuning_options.hpp"
 
 namespace mok::torch_ops {
+
+int token_bucket() {
+  static const int bucket = [] {
+    const char* env = std::getenv("MOK_TOKEN_BUCKET");
+    const long value = env != nullptr ? std::strtol(env, nullptr, 10) : 0;
+    return value > 0 && value <= (1 << 20) ? static_cast<int>(value) : 0;
+  }();
+  return bucket;
+}
 
 ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                     at::TensorList w13, at::TensorList w2,
@@ -66,6 +76,11 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
     config.tokens_per_rank.push_back(checked_int(T, "T (x" + at + ".size(0))"));
   }
 
+  call.tokens = config.tokens_per_rank;
+  if (const int bucket = token_bucket(); bucket > 0) {
+    for (int& t : config.tokens_per_rank) t = checked_int((static_cast<int64_t>(t) + bucket - 1) / bucket * bucket,
+                                                          "a token count rounded up to MOK_TOKEN_BUCKET");
+  }
   ForwardKey& key = call.key;
   key.tokens_per_rank = config.tokens_per_rank;
   key.hidden = config.hidden;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 #include "forward_cache.hpp"
 #include "mok/layer_config.hpp"
@@ -13,7 +14,8 @@ namespace mok::torch_ops {
 
 // The layer the arguments describe, once they are checked.
 struct ForwardCall {
-  LayerConfig config;
+  LayerConfig config;     // its tokens_per_rank: the capacity of the object that runs the call
+  std::vector<int> tokens;  // this call's tokens per rank (RankTensors::tokens), at most the capacity
   ForwardKey key;
   at::Device device = at::kCPU;
   bool has_shared = false;
@@ -28,5 +30,12 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
                                     at::IntArrayRef tuning);
+
+// MOK_TOKEN_BUCKET: 0 or unset (default), each distinct token count gets its
+// own object (and workspace); N > 0, a rank's count rounded up to a multiple
+// of N is the object's capacity, so calls whose counts vary inside a bucket
+// reuse one workspace (FusedForward's RankTensors::tokens; the same bits).
+// EXPERIMENTAL: the capacity path has not run on a GPU yet.
+int token_bucket();
 
 }  // namespace mok::torch_ops

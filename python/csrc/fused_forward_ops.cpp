@@ -42,6 +42,7 @@ std::vector<at::Tensor> fused_forward_cuda(at::TensorList x, at::TensorList expe
   for (size_t r = 0; r < x.size(); ++r) {
     tensors.push_back(mok::torch_ops::rank_tensors(x[r], expert_ids[r], weights[r], w13[r], w2[r], shared_w13,
                                                    shared_w2, call.has_shared, out[r]));
+    tensors.back().tokens = call.tokens[r];
   }
   mok::torch_ops::raising_torch_errors([&] {
     auto cached = mok::torch_ops::cached_forward(call.key, call.config);

@@ -71,6 +71,7 @@ TrainOutputs fused_forward_train_cuda(at::TensorList x, at::TensorList expert_id
       states.push_back(at::empty({static_cast<int64_t>(forward.pass_state_bytes())}, x[0].options().dtype(at::kByte)));
       mok::RankTensors t = mok::torch_ops::rank_tensors(x[r], expert_ids[r], weights[r], w13[r], w2[r], shared_w13,
                                                         shared_w2, call.has_shared, out[r]);
+      t.tokens = call.tokens[r];
       t.pass_state = states.back().data_ptr();
       t.preact = preact[r].data_ptr();
       t.shared_preact = call.has_shared ? shared_preact[r].data_ptr() : nullptr;

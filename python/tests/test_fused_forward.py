@@ -127,3 +127,40 @@ def test_threads_sharing_one_cached_object_get_the_right_bits():
         t.join()
     assert not failures
 
+
+
+_BUCKET_CHILD = r"""
+import sys, torch, mok
+saved = torch.load(sys.argv[1])
+held_before = torch.ops.mok.forward_cache_info()[0]
+for (layer, want) in saved:
+    x, ids, w, w13, w2, sw13, sw2 = (t.cuda() if t is not None else None for t in layer)
+    out = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=%d, check_errors=True)[0]
+    if not torch.equal(out.view(torch.int16), want.cuda().view(torch.int16)):
+        sys.exit("bits differ at T = %%d" %% x.shape[0])
+held = torch.ops.mok.forward_cache_info()[0] - held_before
+if held != 1:
+    sys.exit("%%d objects made for token counts inside one bucket; expected 1" %% held)
+""" % E
+
+
+def test_token_counts_inside_one_bucket_share_one_object_and_keep_their_bits(tmp_path):
+    """MOK_TOKEN_BUCKET (read once per process, so the bucketed run is a child
+    process): counts 200, 137 and 256 round up to one 256-token capacity; the
+    child runs them all on one cached object and must give the bits this
+    process got with an object per count."""
+    import os
+    import subprocess
+    import sys
+    cases = []
+    for T, seed in ((200, 1), (137, 2), (256, 3)):
+        layer = _layer(T, seed)
+        out = mok.fused_forward([layer[0]], [layer[1]], [layer[2]], [layer[3]], [layer[4]], layer[5], layer[6],
+                                num_experts=E, check_errors=True)[0]
+        cases.append((tuple(t.cpu() if t is not None else None for t in layer), out.cpu()))
+    path = tmp_path / "cases.pt"
+    torch.save(cases, path)
+    env = dict(os.environ, MOK_TOKEN_BUCKET="256")
+    child = subprocess.run([sys.executable, "-c", _BUCKET_CHILD, str(path)], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
