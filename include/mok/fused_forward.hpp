@@ -100,9 +100,10 @@ struct RankTensors {
   // tokens_per_rank[r], which is then a capacity (the workspace is sized for
   // it, nothing is reallocated when the count changes from pass to pass):
   // x, expert_ids, weights, out and shared_preact hold `tokens` rows.
-  // -1: tokens_per_rank[r]. Virtual and peer worlds only (the ranks of a
-  // process world know each other's counts from the layer). The outputs are
-  // the bits an object made for exactly these counts gives.
+  // -1: tokens_per_rank[r]. Host-ordered virtual and peer worlds only (the
+  // ranks of a process world know each other's counts from the layer, and a
+  // device-ordered pass clears its counters by its own counts). The outputs
+  // are the bits an object made for exactly these counts gives.
   int tokens = -1;
 };
 

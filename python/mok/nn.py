@@ -125,7 +125,15 @@ class MoE(torch.nn.Module):
     relative to other collectives. The expert-parallel backward is the staged
     one (mok/ep_backward.py, recompute mode); save_activations and
     fp32_main_grad are not available with it. close() releases the worlds
-    (collective).
+    (collective). Each rank's experts start from their own random draw (a
+    generator seeded by torch.initial_seed() and the rank), not from the
+    same one. With a data-parallel wrapper, keep w13 and w2 out of its
+    synchronisation over this group (they are different experts on each
+    rank); an expert's gradient sums every rank's tokens' contributions,
+    where a data-parallel average would divide by the ranks. Each layer
+    holds its own worlds (a workspace each, ~120 MB per rank at DeepSeek-V3's
+    per-GPU size), and a process world needs its layer's exact counts, so
+    counts that change every call make and release worlds often.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
@@ -163,13 +171,19 @@ class MoE(torch.nn.Module):
         if (self.router.hidden, self.router.num_experts, self.router.top_k) != (hidden, num_experts, top_k):
             raise ValueError("router: its hidden, num_experts and top_k must be the layer's")
 
-        def param(*shape, fan_in):
+        def param(*shape, fan_in, generator=None):
             p = torch.empty(*shape, device=device, dtype=dtype)
-            torch.nn.init.normal_(p, std=1.0 / math.sqrt(fan_in))
+            torch.nn.init.normal_(p, std=1.0 / math.sqrt(fan_in), generator=generator)
             return torch.nn.Parameter(p)
 
-        self.w13 = param(local_experts, 2 * intermediate, hidden, fan_in=hidden)
-        self.w2 = param(local_experts, hidden, intermediate, fan_in=intermediate)
+        experts_generator = None
+        if process_group is not None:  # every rank's experts are others: their own draw
+            import torch.distributed as dist
+            experts_generator = torch.Generator(device=torch.empty(0, device=device).device)
+            experts_generator.manual_seed((torch.initial_seed() + 1_000_003 * (dist.get_rank(process_group) + 1))
+                                          % (1 << 63))
+        self.w13 = param(local_experts, 2 * intermediate, hidden, fan_in=hidden, generator=experts_generator)
+        self.w2 = param(local_experts, hidden, intermediate, fan_in=intermediate, generator=experts_generator)
         if shared_intermediate > 0:
             self.shared_w13 = param(2 * shared_intermediate, hidden, fan_in=hidden)
             self.shared_w2 = param(hidden, shared_intermediate, fan_in=shared_intermediate)

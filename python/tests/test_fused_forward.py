@@ -129,15 +129,28 @@ def test_threads_sharing_one_cached_object_get_the_right_bits():
 
 
 
-_BUCKET_CHILD = r"""
+# Rank r gets counts[r] consecutive tokens and experts [r E/R, (r + 1) E/R):
+# the arguments of mok.fused_forward for uneven token counts. Source text,
+# run by this process and by the bucketed child.
+_SPLIT = r"""
+def split(layer, counts):
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    El = w13.shape[0] // len(counts)
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    rows = lambda a: [a[s:s + n].contiguous() for s, n in zip(starts, counts)]
+    experts = lambda a: [a[r * El:(r + 1) * El].contiguous() for r in range(len(counts))]
+    return rows(x), rows(ids), rows(w), experts(w13), experts(w2), sw13, sw2
+"""
+
+_BUCKET_CHILD = _SPLIT + r"""
 import sys, torch, mok
 saved = torch.load(sys.argv[1])
 held_before = torch.ops.mok.forward_cache_info()[0]
-for (layer, want) in saved:
-    x, ids, w, w13, w2, sw13, sw2 = (t.cuda() if t is not None else None for t in layer)
-    out = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=%d, check_errors=True)[0]
+for (layer, counts, want) in saved:
+    layer = tuple(t.cuda() if t is not None else None for t in layer)
+    out = torch.cat(mok.fused_forward(*split(layer, list(counts)), num_experts=%d, check_errors=True))
     if not torch.equal(out.view(torch.int16), want.cuda().view(torch.int16)):
-        sys.exit("bits differ at T = %%d" %% x.shape[0])
+        sys.exit("bits differ for counts %%s" %% (counts,))
 held = torch.ops.mok.forward_cache_info()[0] - held_before
 if held != 1:
     sys.exit("%%d objects made for token counts inside one bucket; expected 1" %% held)
@@ -146,21 +159,29 @@ if held != 1:
 
 def test_token_counts_inside_one_bucket_share_one_object_and_keep_their_bits(tmp_path):
     """MOK_TOKEN_BUCKET (read once per process, so the bucketed run is a child
-    process): counts 200, 137 and 256 round up to one 256-token capacity; the
-    child runs them all on one cached object and must give the bits this
-    process got with an object per count."""
+    process): two ranks whose counts -- 1 and 2 token tiles, and a rank with
+    one token -- round up to one 256-token capacity each; the child runs them
+    all on one cached object and must give the bits this process got with an
+    object per count."""
     import os
     import subprocess
     import sys
+    if os.environ.get("MOK_TOKEN_BUCKET"):
+        pytest.skip("MOK_TOKEN_BUCKET is set here: the reference bits must come from exact objects")
+    scope = {}
+    exec(_SPLIT, scope)
     cases = []
-    for T, seed in ((200, 1), (137, 2), (256, 3)):
-        layer = _layer(T, seed)
-        out = mok.fused_forward([layer[0]], [layer[1]], [layer[2]], [layer[3]], [layer[4]], layer[5], layer[6],
-                                num_experts=E, check_errors=True)[0]
-        cases.append((tuple(t.cpu() if t is not None else None for t in layer), out.cpu()))
+    for counts, seed in (((200, 137), 1), ((100, 256), 2), ((256, 1), 3)):
+        layer = _layer(sum(counts), seed)
+        out = torch.cat(mok.fused_forward(*scope["split"](layer, list(counts)), num_experts=E, check_errors=True))
+        cases.append((tuple(t.cpu() if t is not None else None for t in layer), counts, out.cpu()))
     path = tmp_path / "cases.pt"
     torch.save(cases, path)
-    env = dict(os.environ, MOK_TOKEN_BUCKET="256")
+    # The child imports the mok this process imported (conftest may have put
+    # the source tree on sys.path, which a child does not inherit).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mok.__file__)))
+    env = dict(os.environ, MOK_TOKEN_BUCKET="256",
+               PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
     child = subprocess.run([sys.executable, "-c", _BUCKET_CHILD, str(path)], env=env, capture_output=True, text=True,
                            timeout=300)
     assert child.returncode == 0, child.stderr[-2000:]

@@ -137,7 +137,17 @@ void FusedForward::run(std::span<const RankTensors> ranks, std::span<CUstream_st
                 (s.kind == WorldKind::kPeer ? "peer world needs one per rank (" : "virtual world needs one (") +
                 std::to_string(s.launches.size()) + ")");
   }
-  for (int r = 0; r < R; ++r) world::check_rank_tensors(s.config, ranks[static_cast<size_t>(r)], r);
+  for (int r = 0; r < R; ++r) {
+    world::check_rank_tensors(s.config, ranks[static_cast<size_t>(r)], r);
+    // A device-ordered pass clears its idle counter set at its end, sized by
+    // the pass's own token tiles (world_barrier_role.cuh); below capacity it
+    // would leave the set's tail stale for the pass after next.
+    if (s.device_ordered() && world::pass_tokens(s.config, ranks[static_cast<size_t>(r)], r) !=
+                                  s.config.tokens_per_rank[static_cast<size_t>(r)]) {
+      throw Error("run: rank " + std::to_string(r) + ": device-ordered passes run the layer's token counts "
+                  "(tokens must be -1 or tokens_per_rank[r]); use host-ordered passes for fewer tokens");
+    }
+  }
   launch(ranks, streams);
 }
 

@@ -135,6 +135,13 @@ TEST(FusedForward, ACapacityObjectGivesTheExactObjectsBitsAsTokenCountsChange) {
   std::vector<mok::RankTensors> tensors = device.tensors();
   tensors[1].tokens = 8;
   EXPECT_THROW(sized_for_capacity.run(tensors), mok::Error);
+  // Device-ordered passes run at capacity only (they clear their counters by
+  // their own counts).
+  mok::FusedForwardOptions ordered = small_ring(256, 2);
+  ordered.device_ordered = true;
+  mok::FusedForward device_ordered(config, ordered);
+  tensors[1].tokens = 3;
+  EXPECT_THROW(device_ordered.run(tensors), mok::Error);
 }
 
 TEST(FusedForward, BitwiseIdenticalOverTwentyRuns) {

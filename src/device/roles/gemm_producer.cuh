@@ -16,7 +16,7 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
   const auto& v = ctx.view();
   const CUtensorMap* maps = v.maps;
   const protocol::PassShape shape = ctx.shape();
-  StageRing<FusedGemmCfg::kStages> ring{smem.storage.full, smem.storage.empty};
+  StageRing<PassGemmCfg<Pass>::kStages> ring{smem.storage.full, smem.storage.empty};
   SlotCursor<kFetchSlots> fetched;
   SlotCursor<kTaskSlots> posted;
   for (;;) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "device/kernel/fused_forward_params.hpp"
 #include "device/ptx/named_barrier.cuh"
@@ -44,7 +45,7 @@ struct RoleContext {
   using Params = Params_;
   // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
   using Pass = typename Params::Pass;
-  using View = std::remove_cvref_t<decltype(Params{}.ranks[0])>;
+  using View = std::remove_cvref_t<decltype(std::declval<const Params&>().ranks[0])>;
   static constexpr bool kTraining = kTraining_;
 
   const Params& params;
