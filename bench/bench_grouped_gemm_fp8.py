@@ -7,7 +7,9 @@ quantized beforehand (kernel time only); paired rounds (bench_fused_forward
 measured in the same run (8192^3 torch._scaled_mm and matmul). Each result is
 checked against fp32 torch over the dequantized operands first.
 
-Then the layer: the staged FP8 forward (mok/fp8_forward.py, not fused)
+Then where the FP8 forward quantizes (mok's row quantizer against the torch
+code; h quantized in the gate/up epilogue against a separate pass), and the
+layer: the staged FP8 forward (mok/fp8_forward.py, not fused)
 against mok's fused BF16 forward and the torch-native BF16 pipeline on the
 DeepSeek-V3 slice, with each one's error against an fp32 torch computation of
 the layer.
@@ -90,6 +92,34 @@ def main():
               f" {tt:>13.3f} {tt / tf:>9.2f}")
 
 
+def quantization_comparison():
+    """Where the FP8 forward quantizes, timed on the DeepSeek-V3 gate/up shape:
+    x's rows by mok's kernel against the torch code (the same bytes, checked),
+    and h quantized in the gate/up epilogue against the gate/up GEMM writing
+    bf16 h followed by the row quantizer."""
+    if not hasattr(torch.ops.mok, "grouped_mm_fp8_swiglu_quantize"):
+        print("\n(this library has no quantizing gate/up: skipped)")
+        return
+    G, per, K, N = 32, 1024, 7168, 4096
+    M = G * per
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    kernel = lambda: mok.quantize_rows(x)  # noqa: E731  (bf16 on the GPU: the kernel)
+    torch_code = lambda: mok.quantize_rows(x.float())  # noqa: E731
+    (kv, ks), (tv, ts) = kernel(), torch_code()
+    assert torch.equal(ks, ts) and torch.equal(kv.view(torch.uint8), tv.view(torch.uint8)), "quantizers disagree"
+    t_kernel, t_torch = paired_ms(kernel, torch_code)
+    a, a_s = kv, ks
+    q = mok.quantize_weights(torch.randn(G, N, K, device="cuda", generator=g) / K ** 0.5)
+    off, cnt = mok.layout_from_counts([per] * G, device="cuda")
+    fused = lambda: torch.ops.mok.grouped_mm_fp8_swiglu_quantize(a, a_s, q.values, q.scales, off, cnt)  # noqa: E731
+    staged = lambda: mok.quantize_rows(mok.grouped_mm_fp8_swiglu(a, a_s, q.values, q.scales, off, cnt))  # noqa: E731
+    t_fused, t_staged = paired_ms(fused, staged)
+    print(f"\nquantizing x [{M}, {K}]: mok kernel {t_kernel:.3f} ms, torch {t_torch:.3f} ms ({t_torch / t_kernel:.1f}x); "
+          f"gate/up with h quantized in the epilogue {t_fused:.3f} ms, gate/up then quantize_rows {t_staged:.3f} ms "
+          f"({t_staged / t_fused:.2f}x)", flush=True)
+
+
 def fp32_layer(x, ids, w, w13, w2, sw13, sw2):
     """The layer in fp32 torch with no rounding in between, one expert at a time."""
     I = w2.shape[2]
@@ -131,4 +161,5 @@ def layer_comparison():
 
 if __name__ == "__main__":
     main()
+    quantization_comparison()
     layer_comparison()
