@@ -217,7 +217,7 @@ class MoE(torch.nn.Module):
         mine = torch.tensor([tokens.shape[0]], dtype=torch.int64, device=tokens.device if on_gpu else "cpu")
         counts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
         dist.all_gather(counts, mine, group=group)
-        key = tuple(int(c.item()) for c in counts)
+        key = tuple(torch.cat(counts).tolist())  # one host synchronisation, not one per rank
         world = self._worlds.get(key)
         if world is None:
             if len(self._worlds) >= self._max_worlds:  # every rank evicts the same one
