@@ -26,7 +26,8 @@ gemm() {
   $b --element bf16 && $b --element fp8 && $b --element fp8 --multicast && $b --element bf16 --epilogue swiglu --n 2048 &&
     $b --element fp8 --epilogue swiglu --n 2048 && $b --element fp8 --epilogue swiglu-quantize --n 2048
 }
-TAIL=6 step fp8_gemms 90 gemm
+export -f gemm
+TAIL=6 step fp8_gemms 90 bash -c gemm
 TAIL=24 step backward_save 150 python3 bench/bench_backward.py --quick --save --no-profile
 rm -f /tmp/mok_tune_check.json*
 step tune 60 build/tools/mok_cli tune --preset medium --tokens 1024 --budget 15 --cache /tmp/mok_tune_check.json

@@ -5,7 +5,7 @@
 // structure at compile time (pass_table_is_consistent).
 //
 //   kind                 rows      A            B (major)         K        out              waits                 signals
-//   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13       -                     shared_d13_ready
+//   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13, h    -                     shared_d13_ready
 //   shared dx            tokens    shared d13   shared W13 (MN)   2S       shared dx        shared_d13_ready      shared_done
 //   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows (...)   rows_filled           d13_ready, expert_rows_done
 //   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       home rows        d13_ready             dx_done
@@ -67,7 +67,7 @@ struct BackwardPass {
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
       // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
       {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {}, {{kSharedD13Ready}}},
+       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH},
       // kSharedDx
       {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
        Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
@@ -80,15 +80,19 @@ struct BackwardPass {
        Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
       // kWeightGrad13: dW13[e] = d13 rows^T . x rows, over the expert's rows in schedule order.
       {kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
-       Tensor::kExpertWeightGrad, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
+       Tensor::kWeightGrad13, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
       // kWeightGrad2: dW2[e] = dout rows^T . (w * h) rows.
       {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate,
-       Rows::kExpert, Tensor::kExpertWeightGrad, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
+       Rows::kExpert, Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
   };
 
   // Its buffers must hold every schedule row (nothing awaits a slot's
   // readers): the host gives it a slot per minibatch (buffers_hold_schedule).
   static constexpr bool kWholeSchedule = true;
+  // It runs over the schedule its forward kept (the caller's pass state).
+  static constexpr bool kScheduleGiven = true;
+  // d13 rows are A of dx (K-major) and of dW13 (MN-major): a map per operand.
+  static constexpr bool kMapPerOperand = true;
 
   static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
   static constexpr PipelineEntry kPipeline[] = {{kDx, true}, {kGrad, false}};

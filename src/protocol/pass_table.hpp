@@ -65,7 +65,8 @@ enum class Tensor : int32_t {
   kNoTensor = 99,         // none (an unused output or role field)
   kSharedD13 = 14,        // bf16 [T, 2S]
   kSharedDx = 15,         // bf16 [T, H]: the shared expert's part of dx
-  kExpertWeightGrad = 16, // fp32 dW13[e] [2I, H] or dW2[e] [H, I]
+  kWeightGrad13 = 16,     // fp32 [El, 2I, H]: dW13 of the rank's experts
+  kWeightGrad2 = 18,      // fp32 [El, H, I]: dW2
 };
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) {
@@ -257,6 +258,40 @@ constexpr bool needs_whole_schedule() {
   } else {
     return false;
   }
+}
+
+// A pass that runs over a schedule an earlier pass built (the backward, over
+// its forward's): no schedule warps, and the schedule is complete at launch.
+template <class Pass>
+constexpr bool schedule_given() {
+  if constexpr (requires { Pass::kScheduleGiven; }) {
+    return Pass::kScheduleGiven;
+  } else {
+    return false;
+  }
+}
+
+// The tensor map a kind's operand (0: A, 1: B) is read through. The forward
+// reads each mapped tensor one way: its map is the tensor's index. A pass
+// that reads one tensor K-major in one kind and MN-major in another (the
+// backward's d13 rows) sets kMapPerOperand: a map per (kind, operand).
+template <class Pass>
+MOK_HD constexpr int32_t map_index(int32_t kind, int32_t operand) {
+  if constexpr (requires { Pass::kMapPerOperand; }) {
+    return 2 * kind + operand;
+  } else {
+    return static_cast<int32_t>(operand == 0 ? Pass::kKinds[kind].a : Pass::kKinds[kind].b);
+  }
+}
+
+// Whether some kind of the pass reads tensor t through TMA (the async proxy):
+// a task storing t with generic stores must then fence before it signals.
+template <class Pass>
+MOK_HD constexpr bool read_by_tma(Tensor t) {
+  for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    if (Pass::kKinds[k].a == t || Pass::kKinds[k].b == t) return true;
+  }
+  return false;
 }
 
 // ---- what a table must satisfy (checked at compile time) ----------------------

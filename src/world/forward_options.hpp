@@ -29,6 +29,8 @@ struct GpuFacts {
   int current_device = 0;
   std::vector<int> sm_count;  // [visible device]
 };
+// Asks the CUDA runtime (defined in fused_forward.cu).
+GpuFacts query_gpus();
 
 // Checks config and options and returns the options with every default
 // resolved (ctas_per_rank, comm_ctas_per_rank; device_ordered forced on in a

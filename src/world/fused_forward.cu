@@ -23,6 +23,22 @@
 #include "world/world.hpp"
 #include "world/world_state.hpp"
 
+namespace mok::world {
+
+GpuFacts query_gpus() {
+  world::GpuFacts gpus;
+  int count = 0;
+  MOK_CUDA_CHECK(cudaGetDeviceCount(&count));
+  MOK_CUDA_CHECK(cudaGetDevice(&gpus.current_device));
+  gpus.sm_count.resize(static_cast<size_t>(count));
+  for (int d = 0; d < count; ++d) {
+    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&gpus.sm_count[static_cast<size_t>(d)], cudaDevAttrMultiProcessorCount, d));
+  }
+  return gpus;
+}
+
+}  // namespace mok::world
+
 namespace mok {
 
 using world::WorldKind;
@@ -35,18 +51,6 @@ struct FusedForward::State {
 };
 
 namespace {
-
-world::GpuFacts query_gpus() {
-  world::GpuFacts gpus;
-  int count = 0;
-  MOK_CUDA_CHECK(cudaGetDeviceCount(&count));
-  MOK_CUDA_CHECK(cudaGetDevice(&gpus.current_device));
-  gpus.sm_count.resize(static_cast<size_t>(count));
-  for (int d = 0; d < count; ++d) {
-    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&gpus.sm_count[static_cast<size_t>(d)], cudaDevAttrMultiProcessorCount, d));
-  }
-  return gpus;
-}
 
 std::unique_ptr<world::World> make_world(WorldKind kind) {
   switch (kind) {
@@ -66,7 +70,7 @@ std::vector<cudaStream_t> as_streams(std::span<CUstream_st* const> streams) {
 FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions& options)
     : state_(std::make_unique<State>()) {
   world::WorldState& s = state_->state;
-  const world::GpuFacts gpus = query_gpus();
+  const world::GpuFacts gpus = world::query_gpus();
   s.kernel = world::fused_kernel_facts();
   s.options = world::resolve_options(config, options, s.kernel, gpus);
   s.config = config;

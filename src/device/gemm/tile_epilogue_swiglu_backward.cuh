@@ -56,9 +56,13 @@ __device__ __forceinline__ float swiglu_backward(float acc, float w, float gate,
   return h;
 }
 
-template <class Cfg>
+// part_address(row): where row's part of this n-tile goes (null: nowhere);
+// the overload below puts it at o.parts[row][n-tile], the fused backward at
+// the row's home (token, slot).
+template <class Cfg, class PartAddress>
 __device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cfg::kAccRegs], int consumer,
-                                                           const GemmTile& tile, const SwigluBackwardOutputs& o) {
+                                                           const GemmTile& tile, const SwigluBackwardOutputs& o,
+                                                           const PartAddress& part_address) {
   static_assert(Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
@@ -115,10 +119,20 @@ __device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cf
     // The row's four lanes (lane % 4) hold its column parts: a fixed butterfly.
     part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
     part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, 2));
-    if (real && o.parts != nullptr && lane % 4 == 0) {
-      o.parts[static_cast<int64_t>(row) * o.parts_cols + tile.n0 / Cfg::kOutCols] = part;
+    if (real && lane % 4 == 0) {
+      float* const to = part_address(row);
+      if (to != nullptr) *to = part;
     }
   }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cfg::kAccRegs], int consumer,
+                                                           const GemmTile& tile, const SwigluBackwardOutputs& o) {
+  store_swiglu_backward_tile<Cfg>(acc, consumer, tile, o, [&](int row) -> float* {
+    return o.parts != nullptr ? o.parts + static_cast<int64_t>(row) * o.parts_cols + tile.n0 / Cfg::kOutCols
+                              : nullptr;
+  });
 }
 
 }  // namespace mok::device

@@ -12,17 +12,13 @@
 #include <cstdint>
 
 #include "device/kernel/fused_forward_params.hpp"
+#include "device/kernel/gemm_cta.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/roles/combine_role.cuh"
 #include "device/roles/dispatch_role.cuh"
-#include "device/roles/gemm_consumer.cuh"
-#include "device/roles/gemm_fetcher.cuh"
-#include "device/roles/gemm_producer.cuh"
 #include "device/roles/gemm_role.cuh"
-#include "device/roles/gemm_row_resolver.cuh"
-#include "device/roles/gemm_signaler.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/roles/schedule_role.cuh"
 #include "device/trace/trace_record.cuh"
@@ -30,35 +26,11 @@
 
 namespace mok::device {
 
-inline constexpr int kFusedThreads = FusedGemmCfg::kThreads;  // 1 producer + 2 consumer warpgroups
-inline constexpr int kFusedWarps = kFusedThreads / 32;
-inline constexpr int kGemmCombineWarps = 8;  // the consumer warps
-static_assert(kFusedWarps == kScheduleWarpsPerCta, "every warp of a dispatch CTA builds the schedule");
-
-template <class A, class B>
-constexpr size_t max_size() { return sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B); }
-
-// A dispatch CTA's schedule counters and its copy slots share the memory: the
-// copies start only once every schedule warp of the rank is done.
-constexpr int fused_smem_bytes() {
-  return static_cast<int>(max_size<FusedGemmShared, DispatchShared>() > sizeof(ScheduleShared)
-                              ? max_size<FusedGemmShared, DispatchShared>()
-                              : sizeof(ScheduleShared)) +
-         1024;
-}
-// Static __shared__ words of the roles (the dispatch CTA's flags, the trace
-// cursor: ptxas reports 16 bytes), with room to spare; they come out of the
-// same 227 KB as the dynamic shared memory.
-inline constexpr int kStaticSharedBytes = 64;
-static_assert(fused_smem_bytes() + kStaticSharedBytes <= 232448,
-              "the fused kernel's shared memory exceeds an H100/H200 SM's 227 KB");
-
 template <cuda::thread_scope kScope, bool kTraining>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams params) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = aligned_dynamic_smem(smem_raw);
   const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
   const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
   if (launch_rank >= params.launch_ranks) return;  // SMs left over by the partition
@@ -89,42 +61,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   }
 
   auto& gemm_smem = *reinterpret_cast<FusedGemmShared*>(smem);
-  if (threadIdx.x == 0) {
-    StageRing<FusedGemmCfg::kStages>::init(gemm_smem.storage.full, gemm_smem.storage.empty,
-                                            FusedGemmCfg::kConsumerWarps);
-    for (int s = 0; s < kFetchSlots; ++s) {
-      mbarrier_init(&gemm_smem.fetch_full[s], 1);
-      mbarrier_init(&gemm_smem.fetch_empty[s], 1);
-    }
-    for (int s = 0; s < kTaskSlots; ++s) {
-      mbarrier_init(&gemm_smem.task_full[s], 1);
-      mbarrier_init(&gemm_smem.task_empty[s], FusedGemmCfg::kConsumerWarps);
-      mbarrier_init(&gemm_smem.rows_ready[s], 1);
-    }
-    for (int s = 0; s < kDoneSlots; ++s) {
-      mbarrier_init(&gemm_smem.done_full[s], FusedGemmCfg::kConsumerWarps);
-      mbarrier_init(&gemm_smem.done_empty[s], 1);
-    }
-    fence_barrier_init();
-  }
-  __syncthreads();
-
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
-    wgmma::setmaxnreg_dec<FusedGemmCfg::kProducerRegs>();
-    if (threadIdx.x == 0) gemm_producer(ctx, gemm_smem);
-    if (threadIdx.x == 32) gemm_signaler(ctx, gemm_smem);
-    if (threadIdx.x / 32 == 2) gemm_row_resolver(ctx, gemm_smem);
-    if (threadIdx.x == 96) gemm_fetcher(ctx, gemm_smem);
-    world_finish<kScope>(params, kFusedWarps);
-  } else {
-    wgmma::setmaxnreg_inc<FusedGemmCfg::kConsumerRegs>();
-    gemm_consumer(ctx, gemm_smem, warpgroup - 1);
+  if (run_gemm_cta(ctx, gemm_smem)) {
+    // The consumer warps. After an abort the combine's first waits see it and return at once.
     const int gemm_cta = cta - comm;
-    // After an abort the combine's first waits see it and return at once.
     combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
-    world_finish<kScope>(params, kFusedWarps);
   }
+  world_finish<kScope>(params, kFusedWarps);
 }
 
 }  // namespace mok::device

@@ -6,17 +6,9 @@
 
 #include <cstdint>
 
-namespace mok::device {
+#include "device/kernel/bf16x8.cuh"
 
-__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint4& v) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(p[i]);
-    acc[2 * i] = __fadd_rn(acc[2 * i], f.x);
-    acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], f.y);
-  }
-}
+namespace mok::device {
 
 __global__ void row_combine_kernel(const uint16_t* rows, const int32_t* row_index, const uint16_t* base,
                                    uint16_t* out, int64_t tokens, int k, int64_t width) {

@@ -12,28 +12,11 @@
 
 #include <cstdint>
 
+#include "device/kernel/bf16x8.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/trace/trace_record.cuh"
 
 namespace mok::device {
-
-__device__ __forceinline__ void unpack_bf16x8(const uint4& packed, float (&v)[8]) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
-  uint4 packed;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  return packed;
-}
 
 inline constexpr int kCombineBatch = 8;
 inline constexpr int kCombineSpans = 2;

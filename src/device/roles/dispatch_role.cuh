@@ -26,35 +26,34 @@ struct DispatchShared {
   uint64_t full[kCopyWarps][kSlotsPerWarp];
 };
 
-// Lane 0 of a copy warp: copy `count` rows (by schedule row index) into the ring.
-template <class Ctx>
-__device__ __forceinline__ void copy_rows(Ctx& ctx, DispatchShared& smem, int copy_warp,
-                                          uint32_t& phases, const protocol::ForwardGeometry& g,
-                                          int32_t m_tile) {
-  const RankView& v = ctx.view();
-  const uint32_t row_bytes = static_cast<uint32_t>(ctx.params.hidden) * 2u;
-  const int32_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
-  // Rows of this warp in the tile: copy_warp, copy_warp + kCopyWarps, ...
+// Lane 0 of a copy warp: copies this warp's share of an m-tile's real rows
+// (rows copy_warp, copy_warp + kCopyWarps, ... of the tile; `tile_rows` are
+// its schedule rows) from from(RowSource) to to(row within the tile),
+// row_bytes each, through its shared-memory slots, and waits until the
+// writes are complete.
+template <class From, class To>
+__device__ __forceinline__ void copy_rows(DispatchShared& smem, int copy_warp, uint32_t& phases,
+                                          const RowSource* tile_rows, int32_t tile_m, uint32_t row_bytes,
+                                          const From& from, const To& to) {
   int issued = 0, stored = 0;
   int32_t pending_row[kSlotsPerWarp];
-  auto next_real_row = [&](int32_t from) {
-    for (int32_t i = from; i < g.tile_m; i += kCopyWarps) {
-      if (!is_padding(load_row_source(&v.rows[static_cast<int64_t>(m_tile) * g.tile_m + i]))) return i;
+  auto next_real_row = [&](int32_t start) {
+    for (int32_t i = start; i < tile_m; i += kCopyWarps) {
+      if (!is_padding(load_row_source(&tile_rows[i]))) return i;
     }
-    return g.tile_m;
+    return tile_m;
   };
   int32_t cursor = next_real_row(copy_warp);
   auto issue = [&](int32_t i) {
     const int slot = issued % kSlotsPerWarp;
-    const RowSource src = load_row_source(&v.rows[static_cast<int64_t>(m_tile) * g.tile_m + i]);
-    const uint16_t* from = ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * ctx.params.hidden;
     mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
-    bulk_load(smem.slots[copy_warp][slot], from, row_bytes, &smem.full[copy_warp][slot]);
+    bulk_load(smem.slots[copy_warp][slot], from(load_row_source(&tile_rows[i])), row_bytes,
+              &smem.full[copy_warp][slot]);
     pending_row[slot] = i;
     ++issued;
   };
   // Prologue: all but one slot in flight.
-  while (cursor < g.tile_m && issued < kSlotsPerWarp - 1) {
+  while (cursor < tile_m && issued < kSlotsPerWarp - 1) {
     issue(cursor);
     cursor = next_real_row(cursor + kCopyWarps);
   }
@@ -62,11 +61,10 @@ __device__ __forceinline__ void copy_rows(Ctx& ctx, DispatchShared& smem, int co
     const int slot = stored % kSlotsPerWarp;
     mbarrier_wait_parity(&smem.full[copy_warp][slot], (phases >> slot) & 1u);
     phases ^= 1u << slot;
-    uint16_t* to = v.ring_x + static_cast<int64_t>(ring_row0 + pending_row[slot]) * ctx.params.hidden;
-    bulk_store(to, smem.slots[copy_warp][slot], row_bytes);
+    bulk_store(to(pending_row[slot]), smem.slots[copy_warp][slot], row_bytes);
     bulk_commit();
     ++stored;
-    if (cursor < g.tile_m) {
+    if (cursor < tile_m) {
       // The next load reuses the slot of store `issued - kSlotsPerWarp`: the
       // one before the newest store, so at most one store may still read.
       if (issued >= kSlotsPerWarp) bulk_wait_read<1>();
@@ -77,20 +75,37 @@ __device__ __forceinline__ void copy_rows(Ctx& ctx, DispatchShared& smem, int co
   bulk_wait_all();  // writes complete before the tile is announced
 }
 
+// Lane 0 of copy warp `warp`, before its first copy_rows.
+__device__ __forceinline__ void begin_copy_warp(DispatchShared& smem, int warp) {
+  for (int s = 0; s < kSlotsPerWarp; ++s) mbarrier_init(&smem.full[warp][s], 1);
+  fence_barrier_init();
+  // This lane issues bulk copies (async proxy) of peers' rows, written by
+  // their streams before their passes started (ordered by the world
+  // barrier's acquire or the stream order, generic-proxy operations).
+  fence_proxy_async_global();
+}
+
+// The forward's copy: x rows of the home ranks into the ring.
+template <class Ctx>
+__device__ __forceinline__ void copy_x_rows(Ctx& ctx, DispatchShared& smem, int copy_warp, uint32_t& phases,
+                                            const protocol::ForwardGeometry& g, int32_t m_tile) {
+  const RankView& v = ctx.view();
+  const int64_t H = ctx.params.hidden;
+  uint16_t* const ring_rows = v.ring_x + static_cast<int64_t>(protocol::ring_row_of_tile(g, m_tile)) * H;
+  copy_rows(
+      smem, copy_warp, phases, v.rows + static_cast<int64_t>(m_tile) * g.tile_m, g.tile_m,
+      static_cast<uint32_t>(H) * 2u,
+      [&](const RowSource& src) { return ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H; },
+      [&](int32_t i) { return ring_rows + static_cast<int64_t>(i) * H; });
+}
+
 // All threads of a dispatch CTA; `cta` = its index among the rank's dispatch CTAs.
 template <class Ctx>
 __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= kCopyWarps) return true;  // the other warps go straight to the combine
-  if (lane == 0) {
-    for (int s = 0; s < kSlotsPerWarp; ++s) mbarrier_init(&smem.full[warp][s], 1);
-    fence_barrier_init();
-    // This lane issues bulk copies (async proxy) of peers' x, written by
-    // their streams before their passes started (ordered by the world
-    // barrier's acquire, a generic-proxy operation).
-    fence_proxy_async_global();
-  }
+  if (lane == 0) begin_copy_warp(smem, warp);
   bool ok = true;
   if (threadIdx.x == 0) {
     ok = protocol::wait_schedule_filled(ctx.sync, ctx.counters(), ctx.schedule_warps(), ctx.rank);
@@ -117,7 +132,7 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
     }
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (shared_flag < 0) return false;
-    if (lane == 0) copy_rows(ctx, smem, warp, phases, g, m_tile);
+    if (lane == 0) copy_x_rows(ctx, smem, warp, phases, g, m_tile);
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (threadIdx.x == 0) {
       fence_proxy_async_global();

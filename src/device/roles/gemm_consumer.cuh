@@ -34,6 +34,47 @@ __device__ __forceinline__ void store_preactivations(const View& v, const SavedP
   }
 }
 
+// The backward's g tasks (g = dout . W2, SwiGLU backward in the epilogue):
+// [da | db] and w h of the tile's rows, and the row's part of the router
+// weight's gradient for this n-tile. Routed rows are schedule rows (weight
+// w of the row, parts to the home rank's (token, slot)); the shared
+// expert's are token rows (weight 1, no parts: it has no router weight).
+template <class Spec, class Ctx>
+__device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
+                                                             const float (&acc)[KindConfig<Spec>::kAccRegs],
+                                                             int consumer, const GemmTask& task, int32_t n_cols) {
+  using Cfg = KindConfig<Spec>;
+  const auto& v = ctx.view();
+  constexpr bool kRouted = Spec::value.rows == protocol::Rows::kSchedule;
+  GemmTile tile;
+  tile.group = kRouted ? task.expert : 0;
+  tile.row0 = task.row0;  // routed: the schedule row (the backward's buffers never wrap)
+  tile.row_end = task.row0 + task.real_rows;
+  tile.n0 = task.n_tile * Cfg::kOutCols;
+  SwigluBackwardOutputs o;
+  o.n = n_cols;
+  o.parts = nullptr;
+  o.parts_cols = (n_cols + Cfg::kOutCols - 1) / Cfg::kOutCols;
+  if constexpr (kRouted) {
+    o.preact = v.preact;
+    o.row_scale = v.w_rows;
+    o.d13 = v.d13_rows;
+    o.scaled_act = v.hw_rows;
+    const int top_k = ctx.params.top_k;
+    store_swiglu_backward_tile<Cfg>(acc, consumer, tile, o, [&](int row) -> float* {
+      const RowSource src = load_row_source(&v.rows[row]);
+      return ctx.params.ranks[src.rank].dw_parts +
+             (static_cast<int64_t>(src.token) * top_k + src.slot) * o.parts_cols + task.n_tile;
+    });
+  } else {
+    o.preact = v.shared_preact;
+    o.row_scale = nullptr;
+    o.d13 = v.shared_d13;
+    o.scaled_act = v.shared_h;
+    store_swiglu_backward_tile<Cfg>(acc, consumer, tile, o, [](int) -> float* { return nullptr; });
+  }
+}
+
 // Stores a finished task's tile where its kind says: rows the rank owns (a
 // ring's rows, all of them; or its own tokens, those that exist), or rows of
 // home ranks that the row resolver looked up during the mainloop.
@@ -46,7 +87,16 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
   const int col0 = task.n_tile * Cfg::kOutCols;
   const int32_t row0 = task.row0;
-  if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+    store_swiglu_backward_output<Spec>(ctx, acc, consumer, task, n_cols);
+  } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+    // A weight gradient: the expert's [m, n] fp32 matrix.
+    const int32_t m = protocol::dim_of(ctx.shape(), Spec::value.m);
+    float* const base = Spec::value.out == protocol::Tensor::kWeightGrad13 ? v.dw13 : v.dw2;
+    store_weight_grad_tile<Cfg, float>(acc, storage, consumer, weight_grad_tile_of<Spec>(task, ctx.shape()),
+                                       base + static_cast<int64_t>(task.expert) * m * n_cols, m, n_cols,
+                                       ctx.params.accumulate != 0);
+  } else if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
     uint16_t* const* destinations = smem.row_destination[task_slot];
     store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* { return destinations[i]; });
   } else if constexpr (Spec::value.rows == protocol::Rows::kTokens) {
@@ -109,17 +159,34 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     // What the kind says of its mainloop: K only (every kind runs the one
     // mainloop shape, gemm_role.cuh), and whether TMA reads its output later.
     int32_t k = 0, n_cols = 0;
-    bool output_read_by_tma = false;
+    bool output_read_by_tma = false, per_expert = false;
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
       constexpr protocol::TaskKindSpec spec = Pass::kKinds[protocol::index_of<decltype(K)>];
       k = protocol::dim_of(shape, spec.k);
       n_cols = protocol::dim_of(shape, spec.n);
-      output_read_by_tma = protocol::read_through_map(spec.out);
+      output_read_by_tma = protocol::read_by_tma<Pass>(spec.out) || protocol::read_by_tma<Pass>(spec.also_out);
+      per_expert = spec.rows == protocol::Rows::kExpert;
     });
     // A warpgroup whose 64 rows are all padding (an expert's last tile, half
     // full or less) computes and stores nothing; the other one runs alone.
-    const bool idle = consumer * 64 >= task.real_rows;
-    if (idle) {
+    // (A weight-gradient tile's rows are output rows: both always run, and
+    // meet at a barrier when they clear the rows past the expert.)
+    const bool idle = !per_expert && consumer * 64 >= task.real_rows;
+    if constexpr (protocol::has_expert_work<Pass>()) {
+      if (per_expert) {
+        protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+          using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+          if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+            using Cfg = KindConfig<Spec>;
+            mma_weight_grad_tile<Cfg>(reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, consumer,
+                                      weight_grad_tile_of<Spec>(task, shape), acc, kBarrierWeightGradClear,
+                                      on_stall);
+          }
+        });
+      }
+    }
+    if (per_expert) {
+    } else if (idle) {
       skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall);
     } else {
       mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall);

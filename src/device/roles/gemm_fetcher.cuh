@@ -52,7 +52,10 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
     bool ok = ctx.sync.load_relaxed(v.counters.abort) == 0;
     const int64_t ticket = ok ? protocol::take_ticket(ctx.sync, v.counters) : -1;
     if (ok && ticket >= token_tasks && !have_schedule) {
-      ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
+      // A pass over a schedule an earlier pass built finds it complete.
+      if constexpr (!protocol::schedule_given<Pass>()) {
+        ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
+      }
       if (ok) {
         g = ctx.geometry(ctx.padded_rows());
         for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
@@ -68,16 +71,24 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
       task.n_tile = t.n_tile;
       protocol::visit_kind<Pass>(t.kind, [&](auto K) {
         using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+        protocol::ExpertOfWork of;
         if constexpr (Spec::value.rows == protocol::Rows::kSchedule) {
           task.row0 = protocol::ring_row_of_tile(g, t.m_tile);
           task.expert = expert_of_row(smem.expert_offset, ctx.params.num_local_experts, t.m_tile * g.tile_m);
           const int32_t real_end = smem.expert_offset[task.expert] + smem.expert_rows[task.expert];
           task.real_rows = min(g.tile_m, real_end - t.m_tile * g.tile_m);
+        } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+          // K = the expert's rows; its inputs are ready once every m-tile of
+          // the expert passed the kinds that signal its counter.
+          task.expert = protocol::expert_of_task(g, t);
+          task.row0 = smem.expert_offset[task.expert];
+          task.real_rows = smem.expert_rows[task.expert];
+          of = {task.expert, (smem.expert_offset[task.expert + 1] - task.row0) / g.tile_m};
         } else {
           task.row0 = t.m_tile * g.tile_m;
           task.real_rows = min(g.tile_m, v.tokens - task.row0);
         }
-        ok = protocol::wait_inputs<Spec>(ctx.sync, v.counters, g, t.minibatch, t.m_tile, ctx.rank);
+        ok = protocol::wait_inputs<Spec>(ctx.sync, v.counters, g, t.minibatch, t.m_tile, ctx.rank, of);
       });
       if (!ok) task.kind = protocol::kNoTask;
       if (task.kind != protocol::kNoTask) {

@@ -39,16 +39,22 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
 
     // Stream its operands: the kind's A and B, over its K.
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
-      using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+      constexpr int32_t kKind = protocol::index_of<decltype(K)>;
+      using Spec = protocol::KindSpec<Pass, kKind>;
       using Cfg = KindConfig<Spec>;
-      GemmTile tile;
-      tile.group = Spec::value.rows == protocol::Rows::kSchedule ? task.expert : 0;
-      tile.row0 = task.row0;
-      tile.row_end = task.row0 + ctx.params.tile_m;
-      tile.n0 = task.n_tile * Cfg::kOutCols;
-      const GemmTensorMaps task_maps{&maps[static_cast<int>(Spec::value.a)], &maps[static_cast<int>(Spec::value.b)]};
-      load_tile<Cfg>(task_maps, reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, tile,
-                     protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK);
+      const GemmTensorMaps task_maps{&maps[protocol::map_index<Pass>(kKind, 0)],
+                                     &maps[protocol::map_index<Pass>(kKind, 1)]};
+      auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
+      if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+        load_weight_grad_tile<Cfg>(task_maps, storage, ring, weight_grad_tile_of<Spec>(task, shape));
+      } else {
+        GemmTile tile;
+        tile.group = Spec::value.rows == protocol::Rows::kSchedule ? task.expert : 0;
+        tile.row0 = task.row0;
+        tile.row_end = task.row0 + ctx.params.tile_m;
+        tile.n0 = task.n_tile * Cfg::kOutCols;
+        load_tile<Cfg>(task_maps, storage, ring, tile, protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK);
+      }
     });
   }
 }

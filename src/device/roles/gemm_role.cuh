@@ -18,8 +18,10 @@
 #include <cstdint>
 
 #include "device/gemm/tile_epilogue.cuh"
+#include "device/gemm/tile_epilogue_swiglu_backward.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_mainloop.cuh"
+#include "device/gemm/weight_grad_tile.cuh"
 #include "device/pipeline/slot_cursor.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -38,7 +40,8 @@ inline constexpr int kFusedStages = 4;
 // one the epilogue stores are one number.
 template <class Spec>
 using KindConfig = GemmTileConfig<Spec::value.tile.block_m, Spec::value.tile.block_n, kFusedStages,
-                                  Spec::value.tile.epilogue, Spec::value.tile.element, Spec::value.tile.b_major>;
+                                  Spec::value.tile.epilogue, Spec::value.tile.element, Spec::value.tile.b_major,
+                                  Spec::value.tile.a_major>;
 
 // Every kind of a fused pass runs one mainloop shape: one shared-memory
 // stage layout, one accumulator array and one wgmma instruction shape (a
@@ -52,10 +55,11 @@ constexpr bool kinds_share_mainloop() {
   bool same = true;
   protocol::for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr GemmTileShape t = Pass::kKinds[K].tile;
-    same = same && t.block_m == FusedGemmCfg::kBlockM && t.block_n == FusedGemmCfg::kBlockN &&
-           t.element == FusedGemmCfg::kElement;
+    same = same && t.block_m == PassGemmCfg<Pass>::kBlockM && t.block_n == PassGemmCfg<Pass>::kBlockN &&
+           t.element == PassGemmCfg<Pass>::kElement;
   });
-  return same;
+  // One stage layout in bytes: FusedGemmShared holds the forward's.
+  return same && sizeof(GemmSharedStorage<PassGemmCfg<Pass>>) == sizeof(GemmSharedStorage<FusedGemmCfg>);
 }
 static_assert(kinds_share_mainloop<protocol::ForwardPass>(), "the fused kernel runs one mainloop shape");
 
@@ -68,9 +72,9 @@ struct GemmTask {
   int32_t minibatch;  // schedule-row tasks
   int32_t m_tile;
   int32_t n_tile;
-  int32_t expert;     // local expert of a schedule-row task
-  int32_t row0;       // first A row: ring row (schedule rows) or token
-  int32_t real_rows;  // rows of the tile that are not padding (1..tile_m)
+  int32_t expert;     // local expert of a schedule-row or per-expert task
+  int32_t row0;       // first A row: ring row (schedule rows) or token; per expert: its first schedule row
+  int32_t real_rows;  // rows of the tile that are not padding (1..tile_m); per expert: its rows (K, may be 0)
 };
 
 struct FusedGemmShared {
@@ -98,12 +102,29 @@ struct FusedGemmShared {
 template <protocol::Tensor kOut, class View>
 __device__ __forceinline__ uint16_t* output_base(const View& v) {
   static_assert(kOut == protocol::Tensor::kRingH || kOut == protocol::Tensor::kSharedH ||
-                    kOut == protocol::Tensor::kSharedOut,
+                    kOut == protocol::Tensor::kSharedOut || kOut == protocol::Tensor::kSharedDx,
                 "a tensor the rank owns (home rows are resolved per row)");
   if constexpr (kOut == protocol::Tensor::kRingH) return v.ring_h;
   if constexpr (kOut == protocol::Tensor::kSharedH) return v.shared_h;
   if constexpr (kOut == protocol::Tensor::kSharedOut) return v.shared_out;
+  if constexpr (kOut == protocol::Tensor::kSharedDx) return v.shared_dx;
   return nullptr;
+}
+
+// The output tile of a per-expert (weight-gradient) task: its m-tile counts
+// the expert's output row tiles, expert-major (protocol::decode_task), and
+// its K is the expert's schedule rows from its first one.
+template <class Spec>
+__device__ __forceinline__ WeightGradTile weight_grad_tile_of(const GemmTask& task, const protocol::PassShape& shape) {
+  using Cfg = KindConfig<Spec>;
+  const int32_t per_expert = (protocol::dim_of(shape, Spec::value.m) + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  WeightGradTile tile;
+  tile.group = task.expert;
+  tile.m0 = (task.m_tile - task.expert * per_expert) * Cfg::kBlockM;
+  tile.n0 = task.n_tile * Cfg::kOutCols;
+  tile.row0 = task.row0;
+  tile.rows = task.real_rows;
+  return tile;
 }
 
 // The width of a kind's output rows when they go to home ranks (the row

@@ -16,7 +16,8 @@ namespace mok::device {
 
 // Named barriers of the fused kernel (0 is __syncthreads).
 enum NamedBarrier : int {
-  kBarrierDispatch = 1,  // the copy warps of a dispatch CTA
+  kBarrierDispatch = 1,        // the copy warps of a dispatch CTA
+  kBarrierWeightGradClear = 2, // the consumer warpgroups of a GEMM CTA, around a weight-gradient tile's row clearing
 };
 
 // Warps per dispatch CTA, every one of which builds a share of the schedule
@@ -56,8 +57,9 @@ struct RoleContext {
   __device__ const protocol::PassCounters<Pass>& counters() const { return view().counters; }
 
   __device__ protocol::PassShape shape() const {
-    return protocol::PassShape{params.tile_m,  params.minibatch_rows, params.ring_slots, params.lookahead,
-                               params.hidden,  params.intermediate,   params.shared_width};
+    return protocol::PassShape{params.tile_m,       params.minibatch_rows, params.ring_slots,
+                               params.lookahead,    params.hidden,         params.intermediate,
+                               params.shared_width, params.num_local_experts};
   }
   // The pass's geometry for `padded_rows` schedule rows (0 before the schedule
   // exists: token-row tasks and every counter index do not need it).

@@ -43,7 +43,8 @@ __device__ __forceinline__ uint32_t& trace_cursor() {
 // Thread 0 of every block, before the block's first __syncthreads.
 __device__ __forceinline__ void trace_begin_block() { trace_cursor() = 0; }
 
-__device__ __forceinline__ void trace_record(const FusedForwardParams& params, TraceKind kind, int32_t detail,
+template <class Params>
+__device__ __forceinline__ void trace_record(const Params& params, TraceKind kind, int32_t detail,
                                              int32_t rank, TraceStamp begin, TraceStamp end) {
   if (params.trace == nullptr) return;
   // The block's region: blocks of every launch of the world, in rank order.

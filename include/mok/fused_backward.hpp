@@ -1,0 +1,90 @@
+// The fused backward pass of one MoE layer, as one persistent kernel per pass
+// (docs/backward-design.md): pull dispatch of every schedule row's dout and x,
+// g = dout . W2 with the SwiGLU backward in its epilogue ([da | db], w h and
+// the router-weight gradient's per-n-tile parts), dx_j = [da | db] . W13 to
+// the home rank's row of (token, slot), the routed weight gradients dW13[e]
+// and dW2[e] (fp32, summed over each expert's rows in schedule order -- global
+// token order -- so the bits do not depend on the world size), the shared
+// expert's backward, and the combine on the home rank:
+//   dx[t] = bf16(0 + dx_shared[t] + dx_0 + ... + dx_{k-1}) in fp32,
+//   dweights[t][j] = the parts of (t, j) summed in n-tile order.
+// Host API only.
+//
+// This version: the virtual world (R ranks as R partitions of the current
+// GPU's SMs), host-ordered passes, save mode (the forward's training pass
+// kept each rank's schedule in its pass state and the gate/up
+// pre-activations). The shared expert's weight gradients run as a second,
+// standalone kernel (mok::weight_grad) after the fused one, on the same
+// stream; everything else is in the fused kernel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "mok/fused_forward.hpp"
+#include "mok/layer_config.hpp"
+
+struct CUstream_st;
+
+namespace mok {
+
+// One rank's tensors, all in device memory on the current GPU, bf16 as raw
+// 16-bit storage, contiguous, 16-byte aligned.
+struct BackwardRankTensors {
+  // What the forward read, unchanged since.
+  const void* x = nullptr;              // bf16 [T, H]
+  const float* weights = nullptr;       // [T, k]: the routing weights
+  const void* w13 = nullptr;            // bf16 [E/R, 2I, H]
+  const void* w2 = nullptr;             // bf16 [E/R, H, I]
+  const void* shared_w13 = nullptr;     // bf16 [2S, H]; null when S = 0
+  const void* shared_w2 = nullptr;      // bf16 [H, S]
+  // What the forward's training pass kept for this rank (RankTensors of that
+  // pass): its pass state (the schedule) and its pre-activations.
+  const void* pass_state = nullptr;     // FusedForward::pass_state_bytes()
+  const void* preact = nullptr;         // bf16 [FusedForward::saved_rows(), 2I]
+  const void* shared_preact = nullptr;  // bf16 [T, 2S]; null when S = 0
+  // The gradient of the loss with respect to the forward's out.
+  const void* dout = nullptr;           // bf16 [T, H]
+  // Outputs. Weight gradients are fp32; with accumulate they are added to
+  // what the buffers hold (each element once per pass), else overwritten.
+  void* dx = nullptr;                   // bf16 [T, H]
+  float* dweights = nullptr;            // [T, k]
+  float* dw13 = nullptr;                // [E/R, 2I, H]: this rank's experts
+  float* dw2 = nullptr;                 // [E/R, H, I]
+  float* dshared_w13 = nullptr;         // [2S, H]: this rank's tokens' share (a data-parallel sum of them
+  float* dshared_w2 = nullptr;          // [H, S]   over ranks is the layer's)
+};
+
+class FusedBackward {
+ public:
+  // The layer and the forward's options (the same SM split, minibatch and
+  // lookahead rules; ring_slots is replaced: the backward's buffers hold the
+  // whole schedule). Throws mok::Error for anything this version does not
+  // run (peer or process worlds, device-ordered passes, tracing) and for
+  // invalid values, naming the field. Allocates the workspace on the current
+  // GPU.
+  FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {});
+  ~FusedBackward();
+  FusedBackward(const FusedBackward&) = delete;
+  FusedBackward& operator=(const FusedBackward&) = delete;
+
+  // Enqueues one backward pass on `stream` (no host synchronisation). Throws
+  // mok::Error before launch on missing or misaligned pointers. Passes of one
+  // object run one after another (each waits for the previous one on the GPU).
+  void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream = nullptr, bool accumulate = false);
+
+  // Waits for the last pass, then throws mok::Error if it aborted (a stalled
+  // wait, naming the counter, the ranks and the values).
+  void check(CUstream_st* stream = nullptr);
+
+  // Bytes of the workspace (every rank's), for the docs and the benchmarks.
+  size_t workspace_bytes() const;
+  const FusedForwardOptions& options() const;  // resolved
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mok

@@ -1,0 +1,54 @@
+// The fused backward: one persistent kernel for the ranks of a world that one
+// GPU serves (docs/backward-design.md). Block b serves rank first_rank + b /
+// ctas_per_rank; of a rank's CTAs the first comm_ctas_per_rank pull the dout
+// and x rows of its schedule (backward_dispatch_role.cuh), the others run the
+// backward table's GEMM tasks (gemm_cta.cuh; the table is
+// src/protocol/pass_backward.hpp); then every dispatch and consumer warp of
+// the rank joins its combine (backward_combine_role.cuh). The schedule is
+// the forward's (the caller's pass state): no CTA builds one.
+// Setup and role dispatch only: the dataflow is in the roles.
+#pragma once
+
+#include <cstdint>
+
+#include "device/kernel/fused_backward_params.hpp"
+#include "device/kernel/gemm_cta.cuh"
+#include "device/roles/backward_combine_role.cuh"
+#include "device/roles/backward_dispatch_role.cuh"
+#include "device/roles/role_context.cuh"
+#include "device/trace/trace_record.cuh"
+
+namespace mok::device {
+
+static_assert(kinds_share_mainloop<protocol::BackwardPass>(), "the backward's kinds run one mainloop shape");
+
+template <cuda::thread_scope kScope>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    fused_backward_kernel(const __grid_constant__ FusedBackwardParams params) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = aligned_dynamic_smem(smem_raw);
+  const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
+  const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
+  if (launch_rank >= params.launch_ranks) return;  // SMs left over by the partition
+  if (threadIdx.x == 0) trace_begin_block();
+  __syncthreads();
+  const int rank = params.first_rank + launch_rank;
+
+  RoleContext<kScope, false, FusedBackwardParams> ctx{params, rank, {params.timeout_ns}};
+  const int comm = params.comm_ctas_per_rank;
+  const int warp = threadIdx.x / 32;
+  const int combine_warps = comm * kCopyWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
+  if (cta < comm) {
+    // Only the copy warps of a dispatch CTA work; they then join the combine.
+    if (warp >= kCopyWarps) return;
+    if (backward_dispatch(ctx, *reinterpret_cast<DispatchShared*>(smem), cta)) {
+      backward_combine(ctx, cta * kCopyWarps + warp, combine_warps);
+    }
+    return;
+  }
+  if (run_gemm_cta(ctx, *reinterpret_cast<FusedGemmShared*>(smem))) {
+    backward_combine(ctx, comm * kCopyWarps + (cta - comm) * kGemmCombineWarps + (warp - 4), combine_warps);
+  }
+}
+
+}  // namespace mok::device

@@ -1,0 +1,84 @@
+// The fused backward kernel's parameters: what every rank exposes to every
+// other in a backward pass (docs/backward-design.md). The GEMM roles read
+// the fields every pass's views share under the forward's names (counters,
+// maps, the schedule, tokens, combine = the home rows of the routed kind that
+// goes home); the rest are the backward's own. Plain data, host and device.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "mok/layer_config.hpp"
+#include "mok/pass_trace.hpp"
+#include "mok/row_source.hpp"
+#include "protocol/counters.hpp"
+#include "protocol/pass_backward.hpp"
+
+namespace mok::device {
+
+// The backward's TMA tensor maps: one per operand of each task kind
+// (protocol::map_index; a tensor read K-major by one kind and MN-major by
+// another needs two maps).
+inline constexpr int kNumBackwardMaps = 2 * protocol::BackwardPass::kNumKinds;
+
+struct BackwardRankView {
+  // Shared with the forward's view (the GEMM roles read these names).
+  protocol::PassCounters<protocol::BackwardPass> counters;
+  const CUtensorMap* maps;  // [kNumBackwardMaps]
+  int32_t* expert_rows;     // [El] the forward's schedule (its pass state): real rows per local expert
+  int32_t* expert_offset;   // [El + 1] padded offsets; the last, the schedule's padded rows
+  RowSource* rows;          // [row capacity] home (rank, token, slot) of each schedule row
+  int32_t tokens;           // T
+  uint16_t* combine;        // bf16 [T * k, H]: dx_j per (token, slot), written by the expert owners
+
+  // The caller's inputs.
+  const uint16_t* x;              // bf16 [T, H]
+  const uint16_t* dout;           // bf16 [T, H]
+  const float* weights;           // [T, k]
+  const uint16_t* preact;         // bf16 [row capacity, 2I]: [gate | up] by schedule row (the forward's)
+  const uint16_t* shared_preact;  // bf16 [T, 2S]
+  // The caller's outputs.
+  uint16_t* dx;            // bf16 [T, H]
+  float* dweights;         // [T, k]
+  float* dw13;             // [El, 2I, H]
+  float* dw2;              // [El, H, I]
+
+  // Workspace: rows of the whole schedule (nothing is recycled in a pass).
+  uint16_t* dout_rows;     // bf16 [row capacity, H]: dout of each schedule row (dispatch)
+  uint16_t* x_rows;        // bf16 [row capacity, H]: x of each schedule row (dispatch)
+  float* w_rows;           // [row capacity]: the routing weight of each schedule row (dispatch)
+  uint16_t* d13_rows;      // bf16 [row capacity, 2I]: [da | db] (g epilogue)
+  uint16_t* hw_rows;       // bf16 [row capacity, I]: w h (g epilogue)
+  float* dw_parts;         // [T * k, parts]: <g, h> per (token, slot) and n-tile, written by the owners
+  uint16_t* shared_d13;    // bf16 [T rounded up to tile_m, 2S]
+  uint16_t* shared_h;      // bf16 [T rounded up to tile_m, S]: h of the shared expert (its dW2's operand)
+  uint16_t* shared_dx;     // bf16 [T, H]
+};
+
+struct FusedBackwardParams {
+  using Pass = protocol::BackwardPass;  // the table the roles walk
+  BackwardRankView ranks[kMaxWorldSize];
+  int32_t world_size;
+  int32_t first_rank;
+  int32_t launch_ranks;
+  int32_t hidden;        // H
+  int32_t intermediate;  // I
+  int32_t shared_width;  // S (0: no shared expert)
+  int32_t top_k;
+  int32_t num_local_experts;  // El
+  int32_t tile_m;
+  int32_t minibatch_rows;
+  int32_t ring_slots;    // minibatches of the largest schedule: the buffers never wrap
+  int32_t lookahead;
+  int32_t ctas_per_rank;
+  int32_t comm_ctas_per_rank;
+  int32_t accumulate;    // nonzero: weight-gradient tiles are added to the caller's buffers
+  uint64_t timeout_ns;
+  // The pass trace (unused by this version: null).
+  TraceEvent* trace;
+  uint32_t* trace_count;
+  uint32_t trace_capacity;
+};
+
+}  // namespace mok::device

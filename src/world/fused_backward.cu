@@ -1,0 +1,380 @@
+// The fused backward's facade (include/mok/fused_backward.hpp): validates the
+// layer and options (the forward's rules, forward_options.cpp), lays out one
+// workspace for every rank of the virtual world, builds the backward's tensor
+// maps, and enqueues a pass: counters zeroed, the fused kernel
+// (backward_kernel.cu), then the shared expert's weight gradients.
+#include "mok/fused_backward.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "device/host/driver_api.hpp"
+#include "device/kernel/fused_backward_params.hpp"
+#include "device/roles/gemm_role.cuh"
+#include "mok/error.hpp"
+#include "mok/weight_grad.hpp"
+#include "protocol/counters.hpp"
+#include "world/backward_kernel.hpp"
+#include "world/forward_options.hpp"
+#include "world/fused_kernel.hpp"
+#include "world/workspace_layout.hpp"
+
+namespace mok {
+namespace {
+
+using protocol::BackwardPass;
+using world::Region;
+using world::align_up;
+
+// The tiles of the backward's kinds: A boxes [BM rows][BK] (K-major), MN-major
+// boxes [BK rows][64 columns].
+using GradCfg = device::PassGemmCfg<BackwardPass>;
+constexpr cuuint32_t kBoxK = GradCfg::kBlockK;
+constexpr cuuint32_t kBoxRows = GradCfg::kBlockM;
+constexpr cuuint32_t kBoxMN = GradCfg::kMNBlock;
+
+// Regions of one rank's workspace (offsets from the workspace's base).
+struct RankRegions {
+  Region dout_rows, x_rows, w_rows, d13_rows, hw_rows, dw_parts, combine, shared_d13, shared_h, shared_dx;
+  Region counters, maps, shared_groups;
+};
+
+CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::array<cuuint64_t, 3> dims,
+                   std::array<cuuint64_t, 2> strides, std::array<cuuint32_t, 3> box) {
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return device::encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims.data(),
+                                         strides.data(), box.data(), element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+void require_pointer(const void* p, const char* field, int rank, bool needed = true) {
+  if (p == nullptr) {
+    if (!needed) return;
+    throw Error("FusedBackward::run: rank " + std::to_string(rank) + "'s " + field + " is null");
+  }
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    throw Error("FusedBackward::run: rank " + std::to_string(rank) + "'s " + field + " is not 16-byte aligned");
+  }
+}
+
+}  // namespace
+
+struct FusedBackward::State {
+  LayerConfig config;
+  FusedForwardOptions options;
+  world::KernelFacts kernel;
+  world::PassStateLayout pass_state;
+  int64_t row_capacity = 0;  // schedule rows one rank may own (the forward's saved_rows())
+  int64_t buffer_rows = 0;   // rows of each whole-schedule buffer: ring_slots x minibatch_rows >= row_capacity
+  int ring_slots = 0;
+  std::vector<RankRegions> regions;  // [R]
+  std::vector<size_t> rank_offset;   // [R] from `memory`
+  size_t bytes = 0;
+  uint8_t* memory = nullptr;
+  uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
+  device::FusedBackwardParams params{};
+  cudaEvent_t done = nullptr;
+  bool recorded = false;
+
+  ~State() {
+    if (done != nullptr) cudaEventDestroy(done);
+    if (memory != nullptr) cudaFree(memory);
+    if (report != nullptr) cudaFree(report);
+  }
+  protocol::PassGeometry<BackwardPass> geometry(int r) const {
+    const protocol::PassShape shape{params.tile_m,       params.minibatch_rows, params.ring_slots,
+                                    params.lookahead,    params.hidden,         params.intermediate,
+                                    params.shared_width, params.num_local_experts};
+    return protocol::pass_geometry<BackwardPass>(shape, config.tokens_per_rank[static_cast<size_t>(r)], 0);
+  }
+};
+
+namespace {
+
+constexpr size_t kReportBytes = sizeof(uint32_t) + sizeof(protocol::StallReport);
+
+// Carves rank r's regions, from `offset` on; returns the end.
+size_t carve(const LayerConfig& c, int tile_m, int64_t buffer_rows, const protocol::PassGeometry<BackwardPass>& geometry,
+             int r, size_t offset, RankRegions& g) {
+  auto take = [&](Region& region, size_t bytes) {
+    region.offset = offset;
+    region.bytes = bytes;
+    offset = align_up(offset + bytes, world::kRegionAlignment);
+  };
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.intermediate),
+               S = static_cast<size_t>(c.shared_width()), k = static_cast<size_t>(c.top_k);
+  const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
+  const size_t T_pad = align_up(T, static_cast<size_t>(tile_m));
+  const size_t P = static_cast<size_t>(buffer_rows);
+  const size_t parts = (I + GradCfg::kOutCols - 1) / GradCfg::kOutCols;
+  take(g.dout_rows, P * H * 2);
+  take(g.x_rows, P * H * 2);
+  take(g.w_rows, P * 4);
+  take(g.d13_rows, P * 2 * I * 2);
+  take(g.hw_rows, P * I * 2);
+  take(g.dw_parts, T * k * parts * 4);
+  take(g.combine, T * k * H * 2);
+  take(g.shared_d13, T_pad * 2 * S * 2);
+  take(g.shared_h, T_pad * S * 2);
+  take(g.shared_dx, T * H * 2);
+  take(g.counters, protocol::counter_words(geometry) * sizeof(uint32_t));
+  take(g.maps, device::kNumBackwardMaps * sizeof(CUtensorMap));
+  take(g.shared_groups, 3 * sizeof(int32_t));  // {0, T} and {T}: the shared expert's one group
+  return offset;
+}
+
+}  // namespace
+
+FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  if (!options.devices.empty() || options.process_rank >= 0) {
+    throw Error("FusedBackward: this version runs the virtual world only (options.devices must be empty and "
+                "process_rank -1); the staged backward (python/mok/staged_backward.py) covers the others");
+  }
+  if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
+  if (options.trace_events != 0) throw Error("FusedBackward: trace_events is not supported yet");
+  s.kernel = world::fused_kernel_facts();
+  s.options = world::resolve_options(config, options, s.kernel, world::query_gpus());
+  s.config = config;
+  s.pass_state = world::pass_state_layout(config, s.kernel);
+  s.row_capacity = world::schedule_row_capacity(config, s.kernel);
+  // The buffers hold the whole schedule: as many "slots" as its minibatches.
+  const int64_t mb = s.options.minibatch_rows;
+  const int64_t slots = (s.row_capacity + mb - 1) / mb;
+  if (slots * mb > world::kMaxRingRows) {
+    throw Error("FusedBackward: the schedule's " + std::to_string(s.row_capacity) +
+                " rows exceed what one pass's buffers may hold (2^30 rows)");
+  }
+  s.ring_slots = static_cast<int>(slots);
+  s.buffer_rows = slots * mb;
+  s.options.ring_slots = s.ring_slots;
+
+  device::FusedBackwardParams& p = s.params;
+  p.world_size = config.world_size;
+  p.first_rank = 0;
+  p.launch_ranks = config.world_size;
+  p.hidden = config.hidden;
+  p.intermediate = config.intermediate;
+  p.shared_width = config.shared_width();
+  p.top_k = config.top_k;
+  p.num_local_experts = config.experts_per_rank();
+  p.tile_m = s.kernel.tile_m;
+  p.minibatch_rows = s.options.minibatch_rows;
+  p.ring_slots = s.ring_slots;
+  p.lookahead = s.options.lookahead;
+  p.ctas_per_rank = s.options.ctas_per_rank;
+  p.comm_ctas_per_rank = s.options.comm_ctas_per_rank;
+  p.timeout_ns = static_cast<uint64_t>(s.options.timeout_seconds * 1e9);
+  p.trace = nullptr;
+  p.trace_count = nullptr;
+  p.trace_capacity = 0;
+
+  const int R = config.world_size;
+  for (int r = 0; r < R; ++r) {
+    const protocol::PassShape shape{p.tile_m, p.minibatch_rows, p.ring_slots, p.lookahead, p.hidden,
+                                    p.intermediate, p.shared_width, p.num_local_experts};
+    const int64_t tasks = protocol::max_task_count<BackwardPass>(shape, config.tokens_per_rank[static_cast<size_t>(r)],
+                                                                  s.row_capacity);
+    if (tasks > 0x7fffffff) {
+      throw Error("FusedBackward: rank " + std::to_string(r) + "'s pass could have " + std::to_string(tasks) +
+                  " GEMM tasks; tickets are 32-bit (at most 2^31 - 1)");
+    }
+  }
+  s.regions.resize(static_cast<size_t>(R));
+  size_t offset = 0;
+  for (int r = 0; r < R; ++r) {
+    s.rank_offset.push_back(offset);
+    offset += carve(config, s.kernel.tile_m, s.buffer_rows, s.geometry(r), r, 0, s.regions[static_cast<size_t>(r)]);
+    offset = align_up(offset, world::kRegionAlignment);
+  }
+  s.bytes = offset;
+  MOK_CUDA_CHECK(cudaMalloc(&s.memory, s.bytes));
+  MOK_CUDA_CHECK(cudaMalloc(&s.report, kReportBytes));
+  MOK_CUDA_CHECK(cudaMemset(s.report, 0, kReportBytes));
+  MOK_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  world::allow_backward_kernel_smem();
+
+  for (int r = 0; r < R; ++r) {
+    const RankRegions& g = s.regions[static_cast<size_t>(r)];
+    uint8_t* base = s.memory + s.rank_offset[static_cast<size_t>(r)];
+    device::BackwardRankView& v = p.ranks[r];
+    v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
+    v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
+    v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
+    v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
+    v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
+    v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
+    v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
+    v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
+    v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
+    v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
+    v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
+    v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
+    v.counters = protocol::carve_counters(s.geometry(r), reinterpret_cast<uint32_t*>(base + g.counters.offset),
+                                          s.report, reinterpret_cast<protocol::StallReport*>(s.report + 1));
+    const int32_t T = v.tokens;
+    const int32_t groups[3] = {0, T, T};
+    MOK_CUDA_CHECK(cudaMemcpy(base + g.shared_groups.offset, groups, sizeof(groups), cudaMemcpyHostToDevice));
+  }
+}
+
+FusedBackward::~FusedBackward() = default;
+
+size_t FusedBackward::workspace_bytes() const { return state_->bytes; }
+const FusedForwardOptions& FusedBackward::options() const { return state_->options; }
+
+void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream, bool accumulate) {
+  State& s = *state_;
+  const LayerConfig& c = s.config;
+  const int R = c.world_size;
+  if (static_cast<int>(ranks.size()) != R) {
+    throw Error("FusedBackward::run: got " + std::to_string(ranks.size()) + " ranks' tensors for a world of " +
+                std::to_string(R));
+  }
+  const bool shared = c.shared_width() > 0;
+  for (int r = 0; r < R; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+    const bool tokens = c.tokens_per_rank[static_cast<size_t>(r)] > 0;
+    require_pointer(t.x, "x", r, tokens);
+    require_pointer(t.weights, "weights", r, tokens);
+    require_pointer(t.dout, "dout", r, tokens);
+    require_pointer(t.dx, "dx", r, tokens);
+    require_pointer(t.dweights, "dweights", r, tokens);
+    require_pointer(t.w13, "w13", r);
+    require_pointer(t.w2, "w2", r);
+    require_pointer(t.dw13, "dw13", r);
+    require_pointer(t.dw2, "dw2", r);
+    require_pointer(t.pass_state, "pass_state (the forward's, which holds its schedule)", r);
+    require_pointer(t.preact, "preact (save mode: the training forward's pre-activations)", r);
+    if (shared) {
+      require_pointer(t.shared_w13, "shared_w13", r);
+      require_pointer(t.shared_w2, "shared_w2", r);
+      require_pointer(t.shared_preact, "shared_preact", r, tokens);
+      require_pointer(t.dshared_w13, "dshared_w13", r);
+      require_pointer(t.dshared_w2, "dshared_w2", r);
+    }
+  }
+
+  // The maps of every rank (host only: a failure here enqueues nothing).
+  const cuuint64_t H = static_cast<cuuint64_t>(c.hidden), I = static_cast<cuuint64_t>(c.intermediate),
+                   S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
+  const cuuint64_t P = static_cast<cuuint64_t>(s.buffer_rows);
+  const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
+  std::vector<std::array<CUtensorMap, device::kNumBackwardMaps>> maps(static_cast<size_t>(R));
+  auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<BackwardPass>(kind, operand)); };
+  for (int r = 0; r < R; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+    const device::BackwardRankView& v = s.params.ranks[r];
+    auto& m = maps[static_cast<size_t>(r)];
+    m = {};
+    const cuuint64_t T = static_cast<cuuint64_t>(v.tokens);
+    const cuuint64_t T_pad = align_up(T, kBoxRows);
+    m[map(BackwardPass::kGrad, 0)] = encode("dout rows", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
+    m[map(BackwardPass::kGrad, 1)] = encode("w2 (k-by-n)", t.w2, 3, {I, H, El}, {I * 2, H * I * 2}, box_mn);
+    m[map(BackwardPass::kDx, 0)] = encode("d13 rows", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_a);
+    m[map(BackwardPass::kDx, 1)] = encode("w13 (k-by-n)", t.w13, 3, {H, 2 * I, El}, {H * 2, 2 * I * H * 2}, box_mn);
+    m[map(BackwardPass::kWeightGrad13, 0)] = encode("d13 rows (mn)", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_mn);
+    m[map(BackwardPass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
+    m[map(BackwardPass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
+    m[map(BackwardPass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
+    if (S > 0 && T > 0) {
+      m[map(BackwardPass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
+      m[map(BackwardPass::kSharedGrad, 1)] =
+          encode("shared w2 (k-by-n)", t.shared_w2, 3, {S, H, 1}, {S * 2, H * S * 2}, box_mn);
+      m[map(BackwardPass::kSharedDx, 0)] = encode("shared d13", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_a);
+      m[map(BackwardPass::kSharedDx, 1)] =
+          encode("shared w13 (k-by-n)", t.shared_w13, 3, {H, 2 * S, 1}, {H * 2, 2 * S * H * 2}, box_mn);
+    }
+  }
+
+  // The pass: after the previous one (which used the same workspace).
+  cudaStream_t st = stream;
+  if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
+  MOK_CUDA_CHECK(cudaMemsetAsync(s.report, 0, kReportBytes, st));
+  device::FusedBackwardParams& p = s.params;
+  p.accumulate = accumulate ? 1 : 0;
+  for (int r = 0; r < R; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+    device::BackwardRankView& v = p.ranks[r];
+    const RankRegions& g = s.regions[static_cast<size_t>(r)];
+    uint8_t* base = s.memory + s.rank_offset[static_cast<size_t>(r)];
+    auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
+    v.expert_rows = reinterpret_cast<int32_t*>(state + s.pass_state.expert_rows.offset);
+    v.expert_offset = reinterpret_cast<int32_t*>(state + s.pass_state.expert_offset.offset);
+    v.rows = reinterpret_cast<RowSource*>(state + s.pass_state.rows.offset);
+    v.x = static_cast<const uint16_t*>(t.x);
+    v.dout = static_cast<const uint16_t*>(t.dout);
+    v.weights = t.weights;
+    v.preact = static_cast<const uint16_t*>(t.preact);
+    v.shared_preact = static_cast<const uint16_t*>(t.shared_preact);
+    v.dx = static_cast<uint16_t*>(t.dx);
+    v.dweights = t.dweights;
+    v.dw13 = t.dw13;
+    v.dw2 = t.dw2;
+    MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps[static_cast<size_t>(r)].data(),
+                                   sizeof(CUtensorMap) * device::kNumBackwardMaps, cudaMemcpyHostToDevice, st));
+    MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, st));
+  }
+  world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
+
+  // The shared expert's weight gradients: over the rank's own tokens, from
+  // what the fused pass left in the workspace (its [da | db] and h).
+  for (int r = 0; shared && r < R; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+    const device::BackwardRankView& v = p.ranks[r];
+    const RankRegions& g = s.regions[static_cast<size_t>(r)];
+    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.rank_offset[static_cast<size_t>(r)] +
+                                                          g.shared_groups.offset);
+    WeightGradArgs a;
+    a.group_offset = groups;
+    a.group_rows = groups + 2;
+    a.num_groups = 1;
+    a.m_total = v.tokens;
+    a.accumulate = accumulate;
+    a.a = v.shared_d13;  // dW13 = [da | db]^T x
+    a.b = t.x;
+    a.out = t.dshared_w13;
+    a.m = 2 * static_cast<int64_t>(S);
+    a.n = static_cast<int64_t>(H);
+    grouped_weight_grad(a, st);
+    a.a = t.dout;  // dW2 = dout^T h
+    a.b = v.shared_h;
+    a.out = t.dshared_w2;
+    a.m = static_cast<int64_t>(H);
+    a.n = static_cast<int64_t>(S);
+    grouped_weight_grad(a, st);
+  }
+  MOK_CUDA_CHECK(cudaEventRecord(s.done, st));
+  s.recorded = true;
+}
+
+void FusedBackward::check(CUstream_st* stream) {
+  State& s = *state_;
+  if (s.recorded) {
+    MOK_CUDA_CHECK(cudaEventSynchronize(s.done));
+  } else {
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  uint32_t words[kReportBytes / sizeof(uint32_t)] = {};
+  MOK_CUDA_CHECK(cudaMemcpy(words, s.report, kReportBytes, cudaMemcpyDeviceToHost));
+  if (words[0] == 0) return;
+  protocol::StallReport stall;
+  static_assert(sizeof(stall) == kReportBytes - sizeof(uint32_t));
+  std::memcpy(&stall, words + 1, sizeof(stall));
+  throw Error(std::string("fused backward: the pass aborted: rank ") + std::to_string(stall.waiter) +
+              " waited on " + protocol::counter_name(static_cast<protocol::CounterId>(stall.counter)) + "[" +
+              std::to_string(stall.index) + "] of rank " + std::to_string(stall.owner) + " for " +
+              std::to_string(stall.target) + " and saw " + std::to_string(stall.observed) +
+              " before the timeout");
+}
+
+}  // namespace mok

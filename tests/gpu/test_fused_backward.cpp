@@ -1,0 +1,543 @@
+// The fused backward (mok::FusedBackward, virtual world, save mode) against the
+// CPU reference backward, and the determinism docs/backward-design.md promises:
+// dx, dweights, dW13 and dW2 the same bits at every world size, and every
+// output the same bits over repeated passes and any minibatch, lookahead or SM
+// split; weight gradients added once to the caller's buffers when accumulating.
+//
+// Each test runs the forward's training pass first (pass state and gate/up
+// pre-activations kept in caller-owned buffers, poisoned beforehand so that
+// padding rows hold NaN), then the backward with every output poisoned: an
+// element the backward leaves unwritten stays NaN and fails the comparison.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "gpu_test_env.hpp"
+#include "mok/bf16.hpp"
+#include "mok/device_layer.hpp"
+#include "mok/error.hpp"
+#include "mok/fused_backward.hpp"
+#include "mok/fused_forward.hpp"
+#include "mok/presets.hpp"
+#include "mok/reference.hpp"
+#include "mok/schedule.hpp"
+#include "mok/synthetic.hpp"
+
+namespace {
+
+using mok::synthetic::RoutingMode;
+
+// Relative L2 error bound against the reference, for every gradient: the one
+// test_backward_composition.cpp uses for the staged backward, whose arithmetic
+// per element the fused kernel repeats (bf16 pre-activations, d13 and w h
+// rounded once to bf16, fp32 accumulation, dx rounded once to bf16).
+constexpr double kTolerance = 2e-2;
+
+// A device allocation, freed on scope exit. Zero bytes give a null pointer, as
+// DeviceLayer gives a rank without tokens.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) MOK_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
+  }
+  DeviceBytes(DeviceBytes&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(DeviceBytes&&) = delete;
+  ~DeviceBytes() { cudaFree(ptr_); }
+
+  void* get() const { return ptr_; }
+  float* floats() const { return static_cast<float*>(ptr_); }
+  // 0xFF bytes: a NaN in bf16 and in fp32.
+  void poison() const {
+    if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemset(ptr_, 0xFF, bytes_));
+  }
+  void upload(const void* host) const {
+    if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
+  }
+  template <typename T>
+  std::vector<T> download() const {
+    std::vector<T> host(bytes_ / sizeof(T));
+    if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A test layer: a preset-like shape over an uneven world.
+mok::LayerConfig layer_config(int hidden, int intermediate, int experts, int top_k, int shared_experts,
+                              std::vector<int> tokens_per_rank) {
+  const mok::LayerShape shape{"fused-backward-test", hidden, intermediate, experts, top_k, shared_experts, "test"};
+  return mok::make_config(shape, std::move(tokens_per_rank));
+}
+
+// The backward's inputs that no forward makes: the layer (host and device)
+// and a random dout.
+struct Problem {
+  mok::synthetic::Layer layer;
+  std::vector<std::vector<float>> dout;  // [R] of [T_r, H]
+  std::unique_ptr<mok::DeviceLayer> device;
+  std::vector<DeviceBytes> dout_bf16;  // [R]
+
+  const mok::LayerConfig& config() const { return layer.config; }
+};
+
+Problem make_problem(const mok::LayerConfig& config, RoutingMode mode, uint64_t seed) {
+  Problem p;
+  p.layer = mok::synthetic::make_layer(config, seed, mode);
+  p.dout = mok::synthetic::random_dout(config, seed + 1);
+  p.device = std::make_unique<mok::DeviceLayer>(p.layer);
+  for (const std::vector<float>& rank : p.dout) {
+    std::vector<uint16_t> bits(rank.size());
+    for (size_t i = 0; i < rank.size(); ++i) bits[i] = mok::float_to_bf16_bits(rank[i]);
+    p.dout_bf16.emplace_back(bits.size() * 2).upload(bits.data());
+  }
+  return p;
+}
+
+// What the forward's training pass keeps for the backward, per rank.
+struct SavedPass {
+  std::vector<DeviceBytes> pass_state, preact, shared_preact;  // [R]
+};
+
+// One training forward pass with its own object, destroyed before the
+// backward runs: the backward must need nothing of the forward's but what the
+// caller kept. The kept buffers are poisoned first, so the padding rows of
+// preact (never written) hold NaN that no gradient may pick up.
+SavedPass run_training_forward(const Problem& p, const mok::FusedForwardOptions& options) {
+  const mok::LayerConfig& c = p.config();
+  mok::FusedForward forward(c, options);
+  SavedPass saved;
+  std::vector<mok::RankTensors> tensors = p.device->tensors();
+  for (int r = 0; r < c.world_size; ++r) {
+    const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
+    saved.pass_state.emplace_back(forward.pass_state_bytes()).poison();
+    saved.preact.emplace_back(static_cast<size_t>(forward.saved_rows()) * 2 * c.intermediate * 2).poison();
+    saved.shared_preact.emplace_back(T * 2 * c.shared_width() * 2).poison();
+    mok::RankTensors& t = tensors[static_cast<size_t>(r)];
+    t.pass_state = saved.pass_state.back().get();
+    t.preact = saved.preact.back().get();
+    t.shared_preact = saved.shared_preact.back().get();
+  }
+  p.device->poison_outputs();
+  forward.run(tensors);
+  forward.check();
+  return saved;
+}
+
+// The backward's outputs as the host sees them.
+struct Grads {
+  std::vector<uint16_t> dx;                                 // every rank's [T_r, H] bf16, in rank order
+  std::vector<float> dweights;                              // every rank's [T_r, k]
+  std::vector<float> dw13, dw2;                             // every rank's experts: [E, 2I, H], [E, H, I]
+  std::vector<std::vector<float>> dshared_w13, dshared_w2;  // [R]: each rank's share
+};
+
+// Every rank's output buffers.
+struct Outputs {
+  std::vector<DeviceBytes> dx, dweights, dw13, dw2, dshared_w13, dshared_w2;  // [R]
+
+  explicit Outputs(const mok::LayerConfig& c) {
+    const size_t H = c.hidden, I = c.intermediate, S = c.shared_width(), El = c.experts_per_rank();
+    for (int r = 0; r < c.world_size; ++r) {
+      const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
+      dx.emplace_back(T * H * 2);
+      dweights.emplace_back(T * c.top_k * 4);
+      dw13.emplace_back(El * 2 * I * H * 4);
+      dw2.emplace_back(El * H * I * 4);
+      dshared_w13.emplace_back(2 * S * H * 4);
+      dshared_w2.emplace_back(H * S * 4);
+    }
+  }
+
+  void poison() const {
+    for (const auto* buffers : {&dx, &dweights, &dw13, &dw2, &dshared_w13, &dshared_w2}) {
+      for (const DeviceBytes& b : *buffers) b.poison();
+    }
+  }
+
+  // The weight-gradient buffers set to `g`'s (before an accumulating pass).
+  void upload_weight_grads(const Grads& g) const {
+    const size_t ranks = dx.size(), per_rank13 = g.dw13.size() / ranks, per_rank2 = g.dw2.size() / ranks;
+    for (size_t r = 0; r < ranks; ++r) {
+      dw13[r].upload(g.dw13.data() + r * per_rank13);
+      dw2[r].upload(g.dw2.data() + r * per_rank2);
+      dshared_w13[r].upload(g.dshared_w13[r].data());
+      dshared_w2[r].upload(g.dshared_w2[r].data());
+    }
+  }
+
+  Grads download() const {
+    Grads g;
+    for (size_t r = 0; r < dx.size(); ++r) {
+      const auto append = [](auto& all, const auto& part) { all.insert(all.end(), part.begin(), part.end()); };
+      append(g.dx, dx[r].download<uint16_t>());
+      append(g.dweights, dweights[r].download<float>());
+      append(g.dw13, dw13[r].download<float>());
+      append(g.dw2, dw2[r].download<float>());
+      g.dshared_w13.push_back(dshared_w13[r].download<float>());
+      g.dshared_w2.push_back(dshared_w2[r].download<float>());
+    }
+    return g;
+  }
+};
+
+std::vector<mok::BackwardRankTensors> backward_tensors(const Problem& p, const SavedPass& saved,
+                                                       const Outputs& out) {
+  std::vector<mok::BackwardRankTensors> ranks;
+  for (size_t r = 0; r < p.device->tensors().size(); ++r) {
+    const mok::RankTensors& f = p.device->tensors()[r];
+    mok::BackwardRankTensors b;
+    b.x = f.x;
+    b.weights = f.weights;
+    b.w13 = f.w13;
+    b.w2 = f.w2;
+    b.shared_w13 = f.shared_w13;
+    b.shared_w2 = f.shared_w2;
+    b.pass_state = saved.pass_state[r].get();
+    b.preact = saved.preact[r].get();
+    b.shared_preact = saved.shared_preact[r].get();
+    b.dout = p.dout_bf16[r].get();
+    b.dx = out.dx[r].get();
+    b.dweights = out.dweights[r].floats();
+    b.dw13 = out.dw13[r].floats();
+    b.dw2 = out.dw2[r].floats();
+    b.dshared_w13 = out.dshared_w13[r].floats();
+    b.dshared_w2 = out.dshared_w2[r].floats();
+    ranks.push_back(b);
+  }
+  return ranks;
+}
+
+// One backward pass into `out` as it stands (the caller poisons it, or sets
+// the base to accumulate onto).
+Grads run_backward(mok::FusedBackward& backward, const Problem& p, const SavedPass& saved, const Outputs& out,
+                   bool accumulate = false) {
+  backward.run(backward_tensors(p, saved, out), nullptr, accumulate);
+  backward.check();
+  return out.download();
+}
+
+// The whole sequence with one set of options for both objects: training
+// forward, poisoned outputs, backward.
+Grads forward_then_backward(const Problem& p, const mok::FusedForwardOptions& options) {
+  const SavedPass saved = run_training_forward(p, options);
+  mok::FusedBackward backward(p.config(), options);
+  const Outputs out(p.config());
+  out.poison();
+  return run_backward(backward, p, saved, out);
+}
+
+double value(uint16_t bf16) { return mok::bf16_bits_to_float(bf16); }
+double value(float v) { return v; }
+
+template <typename T>
+std::vector<double> as_double(const std::vector<T>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = value(v[i]);
+  return d;
+}
+
+std::vector<double> flatten(const std::vector<std::vector<double>>& v) {
+  std::vector<double> out;
+  for (const auto& part : v) out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+// The ranks' shares of a shared-expert gradient, summed (what a data-parallel
+// all-reduce would make of them).
+std::vector<double> sum_of_shares(const std::vector<std::vector<float>>& shares) {
+  std::vector<double> sum(shares.empty() ? 0 : shares[0].size(), 0.0);
+  for (const auto& share : shares) {
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += share[i];
+  }
+  return sum;
+}
+
+// ||got - want|| / ||want||: NaN when got holds a NaN (an unwritten, poisoned
+// element), which fails every bound.
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double num = 0, den = 0;
+  size_t non_finite = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    non_finite += std::isfinite(got[i]) ? 0 : 1;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  const double error = std::sqrt(num / std::max(den, 1e-300));
+  EXPECT_EQ(non_finite, 0u) << what << ": elements not finite (unwritten outputs are NaN)";
+  EXPECT_LT(error, kTolerance) << what << ": relative L2 error";
+}
+
+void expect_matches_reference(const Problem& p, const Grads& got) {
+  const auto schedule = mok::build_schedule(p.config(), p.layer.routing(), {128, 1});
+  mok::ReferenceOptions options;
+  options.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto ref =
+      mok::reference_backward(p.layer.inputs(), schedule, mok::synthetic::rank_pointers(p.dout), options);
+  expect_close(as_double(got.dx), flatten(ref.dx), "dx");
+  expect_close(as_double(got.dweights), flatten(ref.dweights), "dweights");
+  expect_close(as_double(got.dw13), ref.dw13, "dW13");
+  expect_close(as_double(got.dw2), ref.dw2, "dW2");
+  if (p.config().shared_width() > 0) {
+    expect_close(sum_of_shares(got.dshared_w13), ref.dshared_w13, "shared dW13 (sum of the ranks' shares)");
+    expect_close(sum_of_shares(got.dshared_w2), ref.dshared_w2, "shared dW2 (sum of the ranks' shares)");
+  }
+}
+
+// Bitwise equality (NaN bits included, -0 != +0), naming the first difference.
+template <typename T>
+testing::AssertionResult same_bits(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) {
+    return testing::AssertionFailure() << got.size() << " elements, want " << want.size();
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      return testing::AssertionFailure() << "element " << i << ": " << value(got[i]) << ", want " << value(want[i]);
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
+// dx, dweights, dW13 and dW2: the outputs whose bits do not depend on R.
+void expect_same_routed_bits(const Grads& got, const Grads& want) {
+  EXPECT_TRUE(same_bits(got.dx, want.dx)) << "dx";
+  EXPECT_TRUE(same_bits(got.dweights, want.dweights)) << "dweights";
+  EXPECT_TRUE(same_bits(got.dw13, want.dw13)) << "dW13";
+  EXPECT_TRUE(same_bits(got.dw2, want.dw2)) << "dW2";
+}
+
+// Every output, the shared expert's per-rank shares included (same R).
+void expect_same_bits(const Grads& got, const Grads& want) {
+  expect_same_routed_bits(got, want);
+  ASSERT_EQ(got.dshared_w13.size(), want.dshared_w13.size());
+  for (size_t r = 0; r < want.dshared_w13.size(); ++r) {
+    EXPECT_TRUE(same_bits(got.dshared_w13[r], want.dshared_w13[r])) << "shared dW13, rank " << r;
+    EXPECT_TRUE(same_bits(got.dshared_w2[r], want.dshared_w2[r])) << "shared dW2, rank " << r;
+  }
+}
+
+// Random fp32 values of `like`'s own scale (its RMS), so that adding the two
+// rounds in most elements.
+std::vector<float> random_like(const std::vector<float>& like, mok::synthetic::Rng& rng) {
+  double sum = 0;
+  for (float v : like) sum += static_cast<double>(v) * v;
+  const double scale = like.empty() ? 1.0 : std::max(std::sqrt(sum / static_cast<double>(like.size())), 1e-3);
+  std::vector<float> out(like.size());
+  for (float& v : out) v = static_cast<float>(rng.uniform(-scale, scale));
+  return out;
+}
+
+// a + b in fp32, element by element: what one addition per element gives.
+std::vector<float> add(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> sum(a.size());
+  for (size_t i = 0; i < a.size(); ++i) sum[i] = a[i] + b[i];
+  return sum;
+}
+
+TEST(FusedBackward, MatchesTheReferenceBackwardForEveryWorldSize) {
+  MOK_REQUIRE_HOPPER();
+  // One global batch of 800 tokens, split unevenly (rank 1 of R = 4 has
+  // none). Synthetic data is drawn in global token order, so every R sees the
+  // same problem and must give the same routed bits.
+  const std::vector<std::vector<int>> splits = {
+      {800}, {370, 430}, {300, 0, 260, 240}, {100, 130, 60, 150, 120, 40, 110, 90}};
+  struct Shape { const char* what; int hidden, intermediate, experts, top_k, shared; };
+  for (const Shape& s : {Shape{"H 512, I 320, E 16, k 4, shared", 512, 320, 16, 4, 1},
+                         Shape{"H 256, I 192, E 8, k 3, no shared", 256, 192, 8, 3, 0}}) {
+    SCOPED_TRACE(s.what);
+    std::vector<Grads> by_world;
+    for (const std::vector<int>& tokens : splits) {
+      SCOPED_TRACE("R = " + std::to_string(tokens.size()));
+      const auto config = layer_config(s.hidden, s.intermediate, s.experts, s.top_k, s.shared, tokens);
+      const Problem p = make_problem(config, RoutingMode::kSkewed, 41);
+      by_world.push_back(forward_then_backward(p, {}));
+      expect_matches_reference(p, by_world.back());
+    }
+    for (size_t i = 1; i < by_world.size(); ++i) {
+      SCOPED_TRACE("bits of R = " + std::to_string(splits[i].size()) + " against R = 1");
+      expect_same_routed_bits(by_world[i], by_world[0]);
+    }
+  }
+}
+
+TEST(FusedBackward, IsBitwiseRepeatableAndInvariantToMinibatchRingAndSmSplit) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(512, 320, 16, 4, 1, {260, 190});
+  const Problem p = make_problem(config, RoutingMode::kSkewed, 43);
+
+  // Five passes of one object on one saved forward pass.
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedBackward backward(config);
+  const Outputs out(config);
+  out.poison();
+  const Grads baseline = run_backward(backward, p, saved, out);
+  expect_matches_reference(p, baseline);  // all written: poisoned NaN bits would compare equal below
+  for (int run = 1; run < 5; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    out.poison();
+    expect_same_bits(run_backward(backward, p, saved, out), baseline);
+  }
+
+  // Other options, for the forward and the backward alike.
+  struct Split { int minibatch_rows, lookahead, ctas_per_rank, comm_ctas_per_rank; };
+  for (const Split& s : {Split{128, 1, 0, 1}, Split{512, 3, 40, 3}, Split{128, 3, 40, 1}, Split{512, 1, 0, 3}}) {
+    SCOPED_TRACE(testing::Message() << "minibatch_rows " << s.minibatch_rows << ", lookahead " << s.lookahead
+                                    << ", ctas_per_rank " << s.ctas_per_rank << ", comm_ctas_per_rank "
+                                    << s.comm_ctas_per_rank);
+    mok::FusedForwardOptions options;
+    options.minibatch_rows = s.minibatch_rows;
+    options.lookahead = s.lookahead;
+    options.ctas_per_rank = s.ctas_per_rank;
+    options.comm_ctas_per_rank = s.comm_ctas_per_rank;
+    expect_same_bits(forward_then_backward(p, options), baseline);
+  }
+}
+
+TEST(FusedBackward, AccumulatesWeightGradientsIntoTheCallersBuffers) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(384, 192, 8, 2, 1, {230, 170});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 47);
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedBackward backward(config);
+  const Outputs out(config);
+  out.poison();
+  const Grads g = run_backward(backward, p, saved, out);
+  expect_matches_reference(p, g);  // every element written and finite: NaN + anything would hide a wrong sum
+
+  // A random base B in the weight-gradient buffers; dx and dweights poisoned.
+  mok::synthetic::Rng rng(47, 3);
+  Grads base = g;
+  base.dw13 = random_like(g.dw13, rng);
+  base.dw2 = random_like(g.dw2, rng);
+  for (size_t r = 0; r < base.dshared_w13.size(); ++r) {
+    base.dshared_w13[r] = random_like(g.dshared_w13[r], rng);
+    base.dshared_w2[r] = random_like(g.dshared_w2[r], rng);
+  }
+  out.poison();
+  out.upload_weight_grads(base);
+  const Grads sum = run_backward(backward, p, saved, out, /*accumulate=*/true);
+
+  EXPECT_TRUE(same_bits(sum.dx, g.dx)) << "dx";
+  EXPECT_TRUE(same_bits(sum.dweights, g.dweights)) << "dweights";
+  EXPECT_TRUE(same_bits(sum.dw13, add(base.dw13, g.dw13))) << "dW13 = B + G";
+  EXPECT_TRUE(same_bits(sum.dw2, add(base.dw2, g.dw2))) << "dW2 = B + G";
+  for (size_t r = 0; r < base.dshared_w13.size(); ++r) {
+    EXPECT_TRUE(same_bits(sum.dshared_w13[r], add(base.dshared_w13[r], g.dshared_w13[r])))
+        << "shared dW13 = B + G, rank " << r;
+    EXPECT_TRUE(same_bits(sum.dshared_w2[r], add(base.dshared_w2[r], g.dshared_w2[r])))
+        << "shared dW2 = B + G, rank " << r;
+  }
+}
+
+TEST(FusedBackward, EdgeRoutings) {
+  MOK_REQUIRE_HOPPER();
+  struct Case {
+    const char* what;
+    int hidden, intermediate, experts, top_k, shared;
+    RoutingMode mode;
+    std::vector<int> tokens;
+  };
+  const std::vector<Case> cases = {
+      {"top-1, shared", 256, 128, 8, 1, 1, RoutingMode::kUniform, {150, 230}},
+      {"top-1, every row on expert 0, a rank without tokens, no shared", 256, 192, 8, 1, 0,
+       RoutingMode::kSameExperts, {120, 0, 200, 90}},
+      {"top-3, every row on experts 0..2 (all rank 0's), shared", 256, 128, 8, 3, 1, RoutingMode::kSameExperts,
+       {300, 170}},
+      {"no shared, three ranks without tokens", 512, 256, 16, 2, 0, RoutingMode::kSkewed,
+       {0, 100, 0, 120, 130, 0, 50, 110}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto config = layer_config(c.hidden, c.intermediate, c.experts, c.top_k, c.shared, c.tokens);
+    const Problem p = make_problem(config, c.mode, 53);
+    const Grads g = forward_then_backward(p, {});
+    expect_matches_reference(p, g);
+
+    // An expert no row reaches has K = 0: its gradients must still be stored,
+    // as exact zeros (the bound above would let small garbage through).
+    std::vector<int> rows(static_cast<size_t>(c.experts), 0);
+    for (const auto& ids : p.layer.expert_ids) {
+      for (int32_t e : ids) ++rows[static_cast<size_t>(e)];
+    }
+    const size_t per13 = g.dw13.size() / c.experts, per2 = g.dw2.size() / c.experts;
+    for (int e = 0; e < c.experts; ++e) {
+      if (rows[static_cast<size_t>(e)] > 0) continue;
+      const auto zero = [](float v) { return v == 0.0f; };
+      EXPECT_TRUE(std::all_of(g.dw13.begin() + e * per13, g.dw13.begin() + (e + 1) * per13, zero))
+          << "dW13 of expert " << e << ", which has no rows";
+      EXPECT_TRUE(std::all_of(g.dw2.begin() + e * per2, g.dw2.begin() + (e + 1) * per2, zero))
+          << "dW2 of expert " << e << ", which has no rows";
+    }
+  }
+}
+
+TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
+  MOK_REQUIRE_HOPPER();
+  // Worlds and pass orders this version does not run, refused at construction
+  // with the field named. A peer world of one GPU is a valid forward world.
+  const auto one_rank = layer_config(256, 128, 8, 2, 1, {200});
+  const auto expect_refused = [&](const mok::FusedForwardOptions& options, const char* field) {
+    try {
+      mok::FusedBackward backward(one_rank, options);
+      ADD_FAILURE() << "constructed with " << options.describe();
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  mok::FusedForwardOptions peer;
+  peer.devices = {0};
+  expect_refused(peer, "devices");
+  mok::FusedForwardOptions ordered;
+  ordered.device_ordered = true;
+  expect_refused(ordered, "device_ordered");
+  mok::FusedForwardOptions process;
+  process.process_rank = 0;
+  expect_refused(process, "process_rank");
+  mok::FusedForwardOptions traced;
+  traced.trace_events = 1 << 12;
+  expect_refused(traced, "trace_events");
+
+  // Missing saved state, refused by run() before any launch: the outputs keep
+  // their poison.
+  const auto config = layer_config(256, 128, 8, 2, 1, {150, 110});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 59);
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedBackward backward(config);
+  const Outputs out(config);
+  out.poison();
+  const auto expect_run_refused = [&](void (*spoil)(mok::BackwardRankTensors&), const char* field) {
+    std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
+    spoil(ranks[1]);
+    try {
+      backward.run(ranks);
+      ADD_FAILURE() << "ran without " << field;
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  expect_run_refused([](mok::BackwardRankTensors& t) { t.pass_state = nullptr; }, "pass_state");
+  expect_run_refused([](mok::BackwardRankTensors& t) { t.preact = nullptr; }, "preact");
+  expect_run_refused([](mok::BackwardRankTensors& t) { t.dout = static_cast<const char*>(t.dout) + 2; }, "dout");
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> dx = out.download().dx;
+  EXPECT_TRUE(std::all_of(dx.begin(), dx.end(), [](uint16_t v) { return v == 0xFFFF; }))
+      << "a refused pass wrote dx";
+}
+
+}  // namespace
