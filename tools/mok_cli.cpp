@@ -30,6 +30,7 @@
 #include <memory>
 
 #include "common/cuda_check.hpp"
+#include "backward_timing.hpp"
 #include "forward_timing.hpp"
 #include "gpu_energy.hpp"
 #include "mok/bf16.hpp"
@@ -79,7 +80,9 @@ void print_usage() {
       "  --threads N            host threads for the reference (default 2)\n"
       "  --tile-rows N          schedule padding per expert (default 128)\n"
       "  --fp64                 run the reference in fp64 (no bf16 rounding)\n"
-      "  --backward             also run the reference backward\n"
+      "  --backward             also run the backward: on a GPU the fused backward (save mode; time,\n"
+      "                         useful TFLOP/s, gradient bits, the CPU reference on small layers),\n"
+      "                         on the CPU the reference backward\n"
       "  --cpu                  run the CPU reference even where a GPU exists\n"
       "  --iterations N         timed GPU runs (default 20)\n"
       "  --minibatch-rows N     fused forward minibatch (default %d)\n"
@@ -147,6 +150,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--fp64") o.fp64 = true;
     else if (arg == "--backward") o.backward = true;
     else if (arg == "--train") o.train = true;
+    else if (arg == "--backward") o.backward = true;
     else if (arg == "--cpu") o.cpu = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
     else if (int* option = arg.rfind("--", 0) == 0 ? tuning_option(o.forward, arg.substr(2)) : nullptr) {
@@ -400,6 +404,9 @@ int run_gpu(const Options& o) {
   report_energy(forward, device, timing.back_to_back_ms, flops);
   print_output_bits(forward, device);
   if (o.train) time_training_forward(forward, device, config, timing, o.iterations);
+  if (o.backward && !mok::tools::run_backward(config, o.forward, layer, device, o.iterations, o.seed, o.threads)) {
+    return 1;
+  }
   if (!o.trace_file.empty()) trace_pass(config, o.forward, device, o.trace_file);
   if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 

@@ -21,9 +21,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "mok/fused_forward.hpp"
 #include "mok/layer_config.hpp"
+#include "mok/pass_trace.hpp"
 
 struct CUstream_st;
 
@@ -46,22 +48,31 @@ struct BackwardRankTensors {
   const void* shared_preact = nullptr;  // bf16 [T, 2S]; null when S = 0
   // The gradient of the loss with respect to the forward's out.
   const void* dout = nullptr;           // bf16 [T, H]
-  // Outputs. Weight gradients are fp32; with accumulate they are added to
-  // what the buffers hold (each element once per pass), else overwritten.
+  // Outputs. The weight gradients' element type and whether they are added
+  // to or overwritten is the pass's WeightGradOutput.
   void* dx = nullptr;                   // bf16 [T, H]
   float* dweights = nullptr;            // [T, k]
-  float* dw13 = nullptr;                // [E/R, 2I, H]: this rank's experts
-  float* dw2 = nullptr;                 // [E/R, H, I]
-  float* dshared_w13 = nullptr;         // [2S, H]: this rank's tokens' share (a data-parallel sum of them
-  float* dshared_w2 = nullptr;          // [H, S]   over ranks is the layer's)
+  void* dw13 = nullptr;                 // [E/R, 2I, H]: this rank's experts
+  void* dw2 = nullptr;                  // [E/R, H, I]
+  void* dshared_w13 = nullptr;          // [2S, H]: this rank's tokens' share (a data-parallel sum of them
+  void* dshared_w2 = nullptr;           // [H, S]   over ranks is the layer's)
+};
+
+// How a pass writes the weight gradients: each is one fp32 sum per element
+// (over its expert's rows in schedule order), then
+enum class WeightGradOutput : int32_t {
+  kFp32 = 0,            // stored as fp32, overwriting the buffer
+  kAccumulateFp32 = 1,  // added to the fp32 buffer, once (gradient accumulation over micro-batches)
+  kBf16 = 2,            // rounded once to bf16 (what autograd returns for bf16 weights)
 };
 
 class FusedBackward {
  public:
   // The layer and the forward's options (the same SM split, minibatch and
   // lookahead rules; ring_slots is replaced: the backward's buffers hold the
-  // whole schedule). Throws mok::Error for anything this version does not
-  // run (peer or process worlds, device-ordered passes, tracing) and for
+  // whole schedule). comm_ctas_per_rank 0: twice the forward's rule, for the
+  // backward pulls two rows (dout and x) per schedule row. Throws mok::Error for anything this version does not
+  // run (peer or process worlds, device-ordered passes) and for
   // invalid values, naming the field. Allocates the workspace on the current
   // GPU.
   FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {});
@@ -72,11 +83,23 @@ class FusedBackward {
   // Enqueues one backward pass on `stream` (no host synchronisation). Throws
   // mok::Error before launch on missing or misaligned pointers. Passes of one
   // object run one after another (each waits for the previous one on the GPU).
-  void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream = nullptr, bool accumulate = false);
+  void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream = nullptr,
+           WeightGradOutput weight_grads = WeightGradOutput::kFp32);
+  // accumulate: kAccumulateFp32, else kFp32.
+  void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream, bool accumulate) {
+    run(ranks, stream, accumulate ? WeightGradOutput::kAccumulateFp32 : WeightGradOutput::kFp32);
+  }
 
   // Waits for the last pass, then throws mok::Error if it aborted (a stalled
   // wait, naming the counter, the ranks and the values).
   void check(CUstream_st* stream = nullptr);
+
+  // The timeline of the last pass (options.trace_events > 0): waits for it,
+  // then returns its events in no particular order (the forward's event
+  // kinds; a GEMM event's detail is the backward's task kind,
+  // protocol::BackwardPass::Kind). Throws mok::Error if tracing is off or a
+  // CTA recorded more than its share of trace_events.
+  std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
 
   // Bytes of the workspace (every rank's), for the docs and the benchmarks.
   size_t workspace_bytes() const;

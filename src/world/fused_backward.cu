@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -43,7 +44,7 @@ constexpr cuuint32_t kBoxMN = GradCfg::kMNBlock;
 // Regions of one rank's workspace (offsets from the workspace's base).
 struct RankRegions {
   Region dout_rows, x_rows, w_rows, d13_rows, hw_rows, dw_parts, combine, shared_d13, shared_h, shared_dx;
-  Region counters, maps, shared_groups;
+  Region counters, combine_next, maps, shared_groups;
 };
 
 CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::array<cuuint64_t, 3> dims,
@@ -80,6 +81,8 @@ struct FusedBackward::State {
   size_t bytes = 0;
   uint8_t* memory = nullptr;
   uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
+  uint8_t* trace_memory = nullptr;  // per block: its event count; then its events
+  size_t trace_blocks = 0, trace_per_block = 0;
   device::FusedBackwardParams params{};
   cudaEvent_t done = nullptr;
   bool recorded = false;
@@ -88,7 +91,9 @@ struct FusedBackward::State {
     if (done != nullptr) cudaEventDestroy(done);
     if (memory != nullptr) cudaFree(memory);
     if (report != nullptr) cudaFree(report);
+    if (trace_memory != nullptr) cudaFree(trace_memory);
   }
+  size_t trace_count_bytes() const { return align_up(trace_blocks * sizeof(uint32_t), 256); }
   protocol::PassGeometry<BackwardPass> geometry(int r) const {
     const protocol::PassShape shape{params.tile_m,       params.minibatch_rows, params.ring_slots,
                                     params.lookahead,    params.hidden,         params.intermediate,
@@ -126,6 +131,7 @@ size_t carve(const LayerConfig& c, int tile_m, int64_t buffer_rows, const protoc
   take(g.shared_h, T_pad * S * 2);
   take(g.shared_dx, T * H * 2);
   take(g.counters, protocol::counter_words(geometry) * sizeof(uint32_t));
+  take(g.combine_next, sizeof(uint32_t));
   take(g.maps, device::kNumBackwardMaps * sizeof(CUtensorMap));
   take(g.shared_groups, 3 * sizeof(int32_t));  // {0, T} and {T}: the shared expert's one group
   return offset;
@@ -141,9 +147,17 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
                 "process_rank -1); the staged backward (python/mok/staged_backward.py) covers the others");
   }
   if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
-  if (options.trace_events != 0) throw Error("FusedBackward: trace_events is not supported yet");
   s.kernel = world::fused_kernel_facts();
   s.options = world::resolve_options(config, options, s.kernel, world::query_gpus());
+  if (options.comm_ctas_per_rank == 0) {
+    // Two rows (dout and x) per schedule row against the forward's one, for
+    // about twice the FLOPs per row as well; but the finale's weight
+    // gradients read no new rows, so the dispatch must finish within the
+    // pipeline's share of the pass: twice the forward's CTAs (measured on
+    // the DeepSeek-V3 slice, docs/perf-notes.md b5: 4 -> 8 CTAs, 14.5 -> 13.3 ms).
+    s.options.comm_ctas_per_rank = std::min(2 * s.options.comm_ctas_per_rank, s.options.ctas_per_rank / 4);
+    s.options.comm_ctas_per_rank = std::max(s.options.comm_ctas_per_rank, 1);
+  }
   s.config = config;
   s.pass_state = world::pass_state_layout(config, s.kernel);
   s.row_capacity = world::schedule_row_capacity(config, s.kernel);
@@ -177,6 +191,14 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   p.trace = nullptr;
   p.trace_count = nullptr;
   p.trace_capacity = 0;
+  if (s.options.trace_events > 0) {
+    s.trace_blocks = static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank);
+    s.trace_per_block = std::max<size_t>(1, static_cast<size_t>(s.options.trace_events) / s.trace_blocks);
+    MOK_CUDA_CHECK(cudaMalloc(&s.trace_memory, s.trace_count_bytes() + s.trace_blocks * s.trace_per_block * sizeof(TraceEvent)));
+    p.trace_count = reinterpret_cast<uint32_t*>(s.trace_memory);
+    p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + s.trace_count_bytes());
+    p.trace_capacity = static_cast<uint32_t>(s.trace_per_block);
+  }
 
   const int R = config.world_size;
   for (int r = 0; r < R; ++r) {
@@ -219,6 +241,7 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
     v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
     v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
+    v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
     v.counters = protocol::carve_counters(s.geometry(r), reinterpret_cast<uint32_t*>(base + g.counters.offset),
                                           s.report, reinterpret_cast<protocol::StallReport*>(s.report + 1));
     const int32_t T = v.tokens;
@@ -232,13 +255,19 @@ FusedBackward::~FusedBackward() = default;
 size_t FusedBackward::workspace_bytes() const { return state_->bytes; }
 const FusedForwardOptions& FusedBackward::options() const { return state_->options; }
 
-void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream, bool accumulate) {
+void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream,
+                        WeightGradOutput weight_grads) {
   State& s = *state_;
   const LayerConfig& c = s.config;
   const int R = c.world_size;
   if (static_cast<int>(ranks.size()) != R) {
     throw Error("FusedBackward::run: got " + std::to_string(ranks.size()) + " ranks' tensors for a world of " +
                 std::to_string(R));
+  }
+  const bool accumulate = weight_grads == WeightGradOutput::kAccumulateFp32;
+  const bool bf16_grads = weight_grads == WeightGradOutput::kBf16;
+  if (!accumulate && !bf16_grads && weight_grads != WeightGradOutput::kFp32) {
+    throw Error("FusedBackward::run: unknown WeightGradOutput " + std::to_string(static_cast<int>(weight_grads)));
   }
   const bool shared = c.shared_width() > 0;
   for (int r = 0; r < R; ++r) {
@@ -300,8 +329,10 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   cudaStream_t st = stream;
   if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
   MOK_CUDA_CHECK(cudaMemsetAsync(s.report, 0, kReportBytes, st));
+  if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, s.trace_count_bytes(), st));
   device::FusedBackwardParams& p = s.params;
   p.accumulate = accumulate ? 1 : 0;
+  p.weight_grad_bf16 = bf16_grads ? 1 : 0;
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
     device::BackwardRankView& v = p.ranks[r];
@@ -323,6 +354,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps[static_cast<size_t>(r)].data(),
                                    sizeof(CUtensorMap) * device::kNumBackwardMaps, cudaMemcpyHostToDevice, st));
     MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, st));
+    MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, st));
   }
   world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
 
@@ -340,15 +372,19 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     a.num_groups = 1;
     a.m_total = v.tokens;
     a.accumulate = accumulate;
+    auto out = [&](void* p) {
+      a.out = bf16_grads ? nullptr : static_cast<float*>(p);
+      a.out_bf16 = bf16_grads ? p : nullptr;
+    };
     a.a = v.shared_d13;  // dW13 = [da | db]^T x
     a.b = t.x;
-    a.out = t.dshared_w13;
+    out(t.dshared_w13);
     a.m = 2 * static_cast<int64_t>(S);
     a.n = static_cast<int64_t>(H);
     grouped_weight_grad(a, st);
     a.a = t.dout;  // dW2 = dout^T h
     a.b = v.shared_h;
-    a.out = t.dshared_w2;
+    out(t.dshared_w2);
     a.m = static_cast<int64_t>(H);
     a.n = static_cast<int64_t>(S);
     grouped_weight_grad(a, st);
@@ -375,6 +411,28 @@ void FusedBackward::check(CUstream_st* stream) {
               std::to_string(stall.index) + "] of rank " + std::to_string(stall.owner) + " for " +
               std::to_string(stall.target) + " and saw " + std::to_string(stall.observed) +
               " before the timeout");
+}
+
+std::vector<TraceEvent> FusedBackward::trace(CUstream_st* stream) {
+  State& s = *state_;
+  if (s.trace_memory == nullptr) throw Error("FusedBackward::trace: tracing is off (options.trace_events = 0)");
+  check(stream);
+  std::vector<uint32_t> counts(s.trace_blocks);
+  MOK_CUDA_CHECK(cudaMemcpy(counts.data(), s.trace_memory, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  std::vector<TraceEvent> all(s.trace_blocks * s.trace_per_block);
+  MOK_CUDA_CHECK(cudaMemcpy(all.data(), s.trace_memory + s.trace_count_bytes(), all.size() * sizeof(TraceEvent),
+                            cudaMemcpyDeviceToHost));
+  std::vector<TraceEvent> events;
+  for (size_t b = 0; b < s.trace_blocks; ++b) {
+    if (counts[b] > s.trace_per_block) {
+      throw Error("FusedBackward::trace: block " + std::to_string(b) + " recorded " + std::to_string(counts[b]) +
+                  " events, more than its share of trace_events (" + std::to_string(s.trace_per_block) +
+                  "); raise trace_events");
+    }
+    events.insert(events.end(), all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block),
+                  all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block + counts[b]));
+  }
+  return events;
 }
 
 }  // namespace mok

@@ -32,6 +32,7 @@
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 #include "mok/synthetic.hpp"
+#include "protocol/pass_backward.hpp"
 
 namespace {
 
@@ -409,6 +410,46 @@ TEST(FusedBackward, IsBitwiseRepeatableAndInvariantToMinibatchRingAndSmSplit) {
   }
 }
 
+// A traced pass computes the same bits, and its timeline holds every GEMM
+// kind of the backward, every dispatched m-tile and the combine.
+TEST(FusedBackward, TracingRecordsEveryKindAndKeepsTheBits) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(512, 320, 16, 4, 1, {260, 190});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 47);
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedBackward plain(config);
+  const Outputs out(config);
+  out.poison();
+  const Grads baseline = run_backward(plain, p, saved, out);
+  expect_matches_reference(p, baseline);
+  mok::FusedForwardOptions options;
+  options.trace_events = 1 << 16;
+  mok::FusedBackward traced(config, options);
+  out.poison();
+  expect_same_bits(run_backward(traced, p, saved, out), baseline);
+  const std::vector<mok::TraceEvent> events = traced.trace();
+  std::vector<int> mainloops(mok::protocol::BackwardPass::kNumKinds, 0);
+  int copies = 0, combines = 0;
+  for (const mok::TraceEvent& e : events) {
+    EXPECT_LE(e.begin_ns, e.end_ns);
+    const auto kind = static_cast<mok::TraceKind>(e.kind);
+    if (kind == mok::TraceKind::kMainloop) {
+      ASSERT_GE(e.detail, 0);
+      ASSERT_LT(e.detail, mok::protocol::BackwardPass::kNumKinds);
+      ++mainloops[static_cast<size_t>(e.detail)];
+    }
+    copies += kind == mok::TraceKind::kDispatchCopy;
+    combines += kind == mok::TraceKind::kCombine;
+  }
+  for (int kind = 0; kind < mok::protocol::BackwardPass::kNumKinds; ++kind) {
+    EXPECT_GT(mainloops[static_cast<size_t>(kind)], 0) << "no mainloop of backward kind " << kind;
+  }
+  EXPECT_GT(copies, 0);
+  EXPECT_GT(combines, 0);
+  // Off: trace() says so.
+  EXPECT_THROW(plain.trace(), mok::Error);
+}
+
 TEST(FusedBackward, AccumulatesWeightGradientsIntoTheCallersBuffers) {
   MOK_REQUIRE_HOPPER();
   const auto config = layer_config(384, 192, 8, 2, 1, {230, 170});
@@ -442,6 +483,52 @@ TEST(FusedBackward, AccumulatesWeightGradientsIntoTheCallersBuffers) {
         << "shared dW13 = B + G, rank " << r;
     EXPECT_TRUE(same_bits(sum.dshared_w2[r], add(base.dshared_w2[r], g.dshared_w2[r])))
         << "shared dW2 = B + G, rank " << r;
+  }
+}
+
+// WeightGradOutput::kBf16: every weight gradient is its fp32 sum rounded
+// once to bf16 (what autograd returns for bf16 weights); dx and dweights
+// keep their bits.
+TEST(FusedBackward, Bf16WeightGradientsAreTheFp32SumsRoundedOnce) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(384, 192, 8, 2, 1, {230, 170});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 53);
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedBackward backward(config);
+  const Outputs out(config);
+  out.poison();
+  const Grads g = run_backward(backward, p, saved, out);
+  expect_matches_reference(p, g);
+
+  out.poison();
+  backward.run(backward_tensors(p, saved, out), nullptr, mok::WeightGradOutput::kBf16);
+  backward.check();
+  const auto rounded = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bits[i] = mok::float_to_bf16_bits(v[i]);
+    return bits;
+  };
+  // The bf16 gradients fill the first half of each (fp32-sized) buffer.
+  const auto first_half = [](const DeviceBytes& b, size_t count) {
+    std::vector<uint16_t> all = b.download<uint16_t>();
+    all.resize(count);
+    return all;
+  };
+  const Grads again = out.download();
+  EXPECT_TRUE(same_bits(again.dx, g.dx)) << "dx";
+  EXPECT_TRUE(same_bits(again.dweights, g.dweights)) << "dweights";
+  const size_t ranks = out.dx.size(), per13 = g.dw13.size() / ranks, per2 = g.dw2.size() / ranks;
+  for (size_t r = 0; r < ranks; ++r) {
+    const std::vector<float> g13(g.dw13.begin() + static_cast<std::ptrdiff_t>(r * per13),
+                                 g.dw13.begin() + static_cast<std::ptrdiff_t>((r + 1) * per13));
+    const std::vector<float> g2(g.dw2.begin() + static_cast<std::ptrdiff_t>(r * per2),
+                                g.dw2.begin() + static_cast<std::ptrdiff_t>((r + 1) * per2));
+    EXPECT_TRUE(same_bits(first_half(out.dw13[r], per13), rounded(g13))) << "dW13, rank " << r;
+    EXPECT_TRUE(same_bits(first_half(out.dw2[r], per2), rounded(g2))) << "dW2, rank " << r;
+    EXPECT_TRUE(same_bits(first_half(out.dshared_w13[r], g.dshared_w13[r].size()), rounded(g.dshared_w13[r])))
+        << "shared dW13, rank " << r;
+    EXPECT_TRUE(same_bits(first_half(out.dshared_w2[r], g.dshared_w2[r].size()), rounded(g.dshared_w2[r])))
+        << "shared dW2, rank " << r;
   }
 }
 
@@ -509,9 +596,6 @@ TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   mok::FusedForwardOptions process;
   process.process_rank = 0;
   expect_refused(process, "process_rank");
-  mok::FusedForwardOptions traced;
-  traced.trace_events = 1 << 12;
-  expect_refused(traced, "trace_events");
 
   // Missing saved state, refused by run() before any launch: the outputs keep
   // their poison.

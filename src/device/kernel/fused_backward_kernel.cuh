@@ -37,17 +37,16 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   RoleContext<kScope, false, FusedBackwardParams> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
-  const int combine_warps = comm * kCopyWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
   if (cta < comm) {
     // Only the copy warps of a dispatch CTA work; they then join the combine.
     if (warp >= kCopyWarps) return;
     if (backward_dispatch(ctx, *reinterpret_cast<DispatchShared*>(smem), cta)) {
-      backward_combine(ctx, cta * kCopyWarps + warp, combine_warps);
+      backward_combine(ctx, warp == 0);
     }
     return;
   }
   if (run_gemm_cta(ctx, *reinterpret_cast<FusedGemmShared*>(smem))) {
-    backward_combine(ctx, comm * kCopyWarps + (cta - comm) * kGemmCombineWarps + (warp - 4), combine_warps);
+    backward_combine(ctx, warp == 4);
   }
 }
 

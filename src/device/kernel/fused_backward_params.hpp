@@ -41,8 +41,8 @@ struct BackwardRankView {
   // The caller's outputs.
   uint16_t* dx;            // bf16 [T, H]
   float* dweights;         // [T, k]
-  float* dw13;             // [El, 2I, H]
-  float* dw2;              // [El, H, I]
+  void* dw13;              // [El, 2I, H]: fp32, or bf16 (weight_grad_bf16)
+  void* dw2;               // [El, H, I]
 
   // Workspace: rows of the whole schedule (nothing is recycled in a pass).
   uint16_t* dout_rows;     // bf16 [row capacity, H]: dout of each schedule row (dispatch)
@@ -54,6 +54,7 @@ struct BackwardRankView {
   uint16_t* shared_d13;    // bf16 [T rounded up to tile_m, 2S]
   uint16_t* shared_h;      // bf16 [T rounded up to tile_m, S]: h of the shared expert (its dW2's operand)
   uint16_t* shared_dx;     // bf16 [T, H]
+  uint32_t* combine_next;  // [1] the next token the rank's combine warps take (zeroed with the counters)
 };
 
 struct FusedBackwardParams {
@@ -73,7 +74,8 @@ struct FusedBackwardParams {
   int32_t lookahead;
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
-  int32_t accumulate;    // nonzero: weight-gradient tiles are added to the caller's buffers
+  int32_t accumulate;        // nonzero: weight-gradient tiles are added to the caller's fp32 buffers
+  int32_t weight_grad_bf16;  // nonzero: weight-gradient tiles are rounded once to bf16
   uint64_t timeout_ns;
   // The pass trace (unused by this version: null).
   TraceEvent* trace;

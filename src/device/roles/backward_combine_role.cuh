@@ -5,7 +5,8 @@
 // The same arithmetic as the staged backward's row_combine and row-parts
 // kernels, so the two give the same bits. It first waits for the rank's
 // shared expert and for every owner's dx tasks (polling the owners' own
-// counters; the owner's schedule length is in its pass state).
+// counters; the owner's schedule length is in its pass state). Every warp
+// of the rank that runs it returns once no token is left.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +14,18 @@
 #include "device/kernel/bf16x8.cuh"
 #include "device/roles/combine_role.cuh"
 #include "device/roles/role_context.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
+// `tracer`: this warp stamps the trace for its CTA.
 template <class Ctx>
-__device__ __forceinline__ bool backward_combine(Ctx& ctx, int warp, int warps) {
+__device__ __forceinline__ bool backward_combine(Ctx& ctx, bool tracer) {
   using Pass = typename Ctx::Pass;
   const int lane = threadIdx.x % 32;
   const auto& v = ctx.view();
   bool ok = true;
+  const TraceStamp wait_begin = trace_now();
   if (lane == 0) {
     constexpr protocol::CounterWait shared_done = Pass::Combine::value.waits[0];
     constexpr protocol::CounterWait dx_done = Pass::Combine::value.waits[1];
@@ -38,12 +42,22 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, int warp, int warps) 
   ok = __shfl_sync(0xffffffffu, ok, 0);
   __syncwarp();  // orders the other lanes' reads after lane 0's acquires
   if (!ok) return false;
+  const TraceStamp work_begin = trace_now();
 
   const int k = ctx.params.top_k;
   const int64_t H = ctx.params.hidden;
   const bool has_shared = ctx.params.shared_width > 0;
   const int parts = (ctx.params.intermediate + PassGemmCfg<Pass>::kOutCols - 1) / PassGemmCfg<Pass>::kOutCols;
-  for (int t = warp; t < v.tokens; t += warps) {
+  // Tokens are claimed one at a time from the rank's counter, not dealt out
+  // by warp index: the dispatch warps, idle from the end of the dispatch, do
+  // most of the work while the GEMM warps still run the weight gradients, and
+  // those join for what is left (each token's arithmetic is the same
+  // whichever warp takes it).
+  for (;;) {
+    int t = 0;
+    if (lane == 0) t = static_cast<int>(atomicAdd(v.combine_next, 1u));
+    t = __shfl_sync(0xffffffffu, t, 0);
+    if (t >= v.tokens) break;
     const uint16_t* slots = v.combine + static_cast<int64_t>(t) * k * H;
     for (int64_t c = lane * 8; c < H; c += 32 * 8) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -66,6 +80,10 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, int warp, int warps) 
       for (int i = 1; i < parts; ++i) sum = __fadd_rn(sum, __ldcg(p + i));
       v.dweights[static_cast<int64_t>(t) * k + lane] = sum;
     }
+  }
+  if (tracer && lane == 0) {
+    trace_record(ctx.params, TraceKind::kCombineWait, 0, ctx.rank, wait_begin, work_begin);
+    trace_record(ctx.params, TraceKind::kCombine, 0, ctx.rank, work_begin, trace_now());
   }
   return true;
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "device/roles/dispatch_role.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
@@ -30,6 +31,7 @@ __device__ __forceinline__ bool backward_dispatch(Ctx& ctx, DispatchShared& smem
   const uint32_t row_bytes = static_cast<uint32_t>(H) * 2u;
   uint32_t phases = 0;
   for (int32_t m_tile = cta; m_tile < g.m_tiles(); m_tile += ctx.params.comm_ctas_per_rank) {
+    const TraceStamp copy_begin = trace_now();
     const int64_t row0 = static_cast<int64_t>(m_tile) * g.tile_m;
     const RowSource* tile_rows = v.rows + row0;
     if (lane == 0) {
@@ -55,6 +57,7 @@ __device__ __forceinline__ bool backward_dispatch(Ctx& ctx, DispatchShared& smem
       fence_proxy_async_global();
       protocol::signal_outputs<typename Pass::Dispatch>(ctx.sync, v.counters, g, m_tile / g.tiles_per_minibatch(),
                                                         m_tile);
+      trace_record(ctx.params, TraceKind::kDispatchCopy, m_tile, ctx.rank, copy_begin, trace_now());
     }
   }
   return true;

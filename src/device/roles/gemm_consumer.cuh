@@ -92,10 +92,16 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
     // A weight gradient: the expert's [m, n] fp32 matrix.
     const int32_t m = protocol::dim_of(ctx.shape(), Spec::value.m);
-    float* const base = Spec::value.out == protocol::Tensor::kWeightGrad13 ? v.dw13 : v.dw2;
-    store_weight_grad_tile<Cfg, float>(acc, storage, consumer, weight_grad_tile_of<Spec>(task, ctx.shape()),
-                                       base + static_cast<int64_t>(task.expert) * m * n_cols, m, n_cols,
-                                       ctx.params.accumulate != 0);
+    void* const base = Spec::value.out == protocol::Tensor::kWeightGrad13 ? v.dw13 : v.dw2;
+    const int64_t first = static_cast<int64_t>(task.expert) * m * n_cols;
+    const WeightGradTile tile = weight_grad_tile_of<Spec>(task, ctx.shape());
+    if (ctx.params.weight_grad_bf16 != 0) {
+      store_weight_grad_tile<Cfg, uint16_t>(acc, storage, consumer, tile, static_cast<uint16_t*>(base) + first, m,
+                                            n_cols, false);
+    } else {
+      store_weight_grad_tile<Cfg, float>(acc, storage, consumer, tile, static_cast<float*>(base) + first, m, n_cols,
+                                         ctx.params.accumulate != 0);
+    }
   } else if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
     uint16_t* const* destinations = smem.row_destination[task_slot];
     store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* { return destinations[i]; });
