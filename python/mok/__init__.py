@@ -15,6 +15,29 @@ is looked for), which registers:
                               shared_w2, num_experts, tuning, check_errors) -> out
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
+  torch.ops.mok.fused_forward_train(...same...) -> (out, preact, shared_preact,
+                                                   expert_rows, expert_offset, schedule_rows)
+      The same forward in training mode: also keeps, per rank, the gate/up
+      pre-activations and the schedule (python/csrc/fused_forward_train_ops.cpp).
+  torch.ops.mok.fused_backward(x, weights, w13, w2, shared_w13, shared_w2,
+                               preact, shared_preact, expert_rows, expert_offset,
+                               schedule_rows, dout, tuning, main_w13=None, main_w2=None,
+                               main_shared_w13=None, main_shared_w2=None, check_errors=False)
+      -> (dx, dweights, dw13, dw2, dshared_w13, dshared_w2)
+      The fused backward kernel over the same virtual world, save mode: the
+      forward's inputs (per-rank lists, as fused_forward takes them), what
+      fused_forward_train kept (its outputs after out, unchanged), dout[r]
+      bf16 [T_r, H] and the forward's tuning list. Returns single tensors,
+      the ranks in order: dx bf16 [T, H] and dweights fp32 [T, k] (T = sum
+      of T_r), dw13 fp32 [E, 2I, H] and dw2 fp32 [E, H, I] (rank r's experts
+      at [r E/R, (r+1) E/R)), dshared_w13 fp32 [2S, H] and dshared_w2 fp32
+      [H, S]: the ranks' shares added in rank order. Each main_* (fp32, the weight gradient's shape: [E, 2I, H],
+      [E, H, I], [2S, H], [H, S]) given gets its gradient added in place, and
+      that output is an empty [0] tensor (as are the shared ones without a
+      shared expert); the others are still returned. mok.fused_forward's
+      save-mode autograd calls it (mok/autograd.py; MOK_BACKWARD=staged
+      switches back to the staged backward). torch.ops.mok.backward_cache_info()
+      -> [objects held, capacity] of its cache of FusedBackward objects.
 
 The backward's building blocks (the staged backward, mok/staged_backward.py,
 chains them; rows outside every group come back as zeros):
@@ -35,8 +58,9 @@ chains them; rows outside every group come back as zeros):
 Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
 traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
-(staged: separate kernels, not yet the fused backward); grouped_mm_swiglu's
-backward raises. K and N must be multiples of 64.
+(fused_forward in save mode on CUDA: the fused backward kernel; otherwise
+staged: separate kernels); grouped_mm_swiglu's backward raises. K and N must
+be multiples of 64.
 """
 
 from __future__ import annotations
@@ -159,7 +183,11 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     kernel, which also keeps its schedule and the gate/up pre-activations
     (saved rows x 2I bf16 per rank, mok.FusedForward's saved_rows()), and the
     backward reads them instead (save mode: the same gradient bits, one GEMM
-    fewer). Save mode has not run on a GPU yet (docs/perf-notes.md).
+    fewer). On CUDA, save mode's backward is the fused backward kernel
+    (torch.ops.mok.fused_backward, one persistent kernel) unless
+    MOK_BACKWARD=staged; its bits are the staged backward's, except the
+    shared expert's weight gradients at R > 1, which it sums per rank and
+    then over ranks in rank order (mok/autograd.py says more).
 
     Keyword tuning options (mok.TUNING_OPTIONS, 0 or absent = the library's
     default): minibatch_rows, ring_slots, lookahead, ctas_per_rank,

@@ -2,10 +2,14 @@
 
   fused_forward      the staged backward (mok/staged_backward.py) in recompute
                      mode: the forward saves its inputs only.
-  fused_forward_train the same backward in save mode: the forward's training
-                     kernel also kept its schedule and the gate/up
-                     pre-activations, which the backward reads instead of
-                     recomputing (mok.fused_forward(..., save_activations=True)).
+  fused_forward_train save mode (mok.fused_forward(..., save_activations=True)):
+                     the forward's training kernel also kept its schedule and
+                     the gate/up pre-activations, which the backward reads
+                     instead of recomputing. On CUDA tensors the backward is
+                     the fused backward kernel (torch.ops.mok.fused_backward:
+                     one persistent kernel, the staged backward's arithmetic);
+                     elsewhere (CPU, meta), without that op in the loaded
+                     library, or with MOK_BACKWARD=staged, the staged backward.
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
   grouped_mm_swiglu, process_world_run
                      no backward of their own: backward raises a clear error
@@ -20,9 +24,23 @@ accumulation over micro-batches (Megatron's main_grad), hang a float32
 True) does): mok.fused_forward's backward then adds each weight gradient to
 it (weight_grad_mm_acc_: one fp32 addition per element and call) and returns
 no .grad for that weight. Double backward (create_graph=True) is not supported and raises.
+
+MOK_BACKWARD (read when the forward runs, which decides what it keeps for the
+backward): "auto" or unset, the fused backward where it runs (save mode, CUDA);
+"staged", the staged backward always; "fused", the fused backward in save mode,
+raising where it cannot run. The two give the same gradient bits (same
+arithmetic per element, same sum orders), with one exception: in a virtual
+world of R > 1 ranks the fused backward computes the shared expert's weight
+gradients as one share per rank (each rank's tokens, as data parallelism
+would) and adds the shares in rank order in fp32, where the staged backward
+sums every token at once; the values agree to fp32 rounding, and at R = 1 the
+bits are the same. With a main_grad on a shared weight at R > 1, each share is
+added to it in turn (R additions per element instead of one).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -104,23 +122,108 @@ def _weight_grad_dtype(weight):
     return torch.bfloat16 if weight.dtype == torch.bfloat16 else None
 
 
+BACKWARD_MODES = ("auto", "fused", "staged")
+
+
+def backward_path(device: torch.device) -> str:
+    """"fused" or "staged": the backward that save mode gets for tensors on
+    `device` under the current MOK_BACKWARD (see the module docstring). The
+    fused backward needs CUDA tensors (a virtual world on one GPU: this
+    autograd never sees the process world, whose layer has its own backward,
+    mok/ep_backward.py) and a library that registers mok::fused_backward."""
+    mode = os.environ.get("MOK_BACKWARD", "").strip().lower() or "auto"
+    if mode not in BACKWARD_MODES:
+        raise ValueError(f"mok: MOK_BACKWARD = {mode!r}: expected one of {', '.join(BACKWARD_MODES)}")
+    if mode == "staged":
+        return "staged"
+    runs = device.type == "cuda" and hasattr(torch.ops.mok, "fused_backward")
+    if mode == "fused" and not runs:
+        from . import LIBRARY_PATH
+        raise RuntimeError(f"mok: MOK_BACKWARD=fused, but the fused backward cannot run here: it needs CUDA tensors "
+                           f"(got {device}) and a library with the mok::fused_backward op ({LIBRARY_PATH} "
+                           f"{'has' if hasattr(torch.ops.mok, 'fused_backward') else 'lacks'} it)")
+    return "fused" if runs else "staged"
+
+
 def _setup_fused_forward_train(ctx, inputs, output):
     # Kept: the pre-activations (preact, shared_preact: a tensor per rank
-    # each) and the forward's schedule, turned here into the grouped
-    # kernels' Schedule (staged_backward.saved_schedule). Building it here
-    # rather than in the backward puts its ~25 small launches behind the
-    # fused forward on the stream, where the host is far ahead of the GPU,
-    # instead of in front of the backward's first kernel.
+    # each) and the forward's schedule. For the fused backward, as the
+    # training op returned it (the op puts it back into each rank's pass
+    # state). For the staged one, turned here into the grouped kernels'
+    # Schedule (staged_backward.saved_schedule): building it here rather than
+    # in the backward puts its ~25 small launches behind the fused forward on
+    # the stream, where the host is far ahead of the GPU, instead of in front
+    # of the backward's first kernel.
     x, expert_ids = inputs[0], inputs[1]
     preact, shared_preact = list(output[1]), list(output[2])
     for t in (t for group in output[1:] for t in group):
         ctx.mark_non_differentiable(t)
+    ctx.fused = backward_path(x[0].device) == "fused"
+    ctx.tuning = list(inputs[8])
+    ctx.check_errors = bool(inputs[9])
+    if ctx.fused:
+        _setup_fused_forward(ctx, inputs, output, [t for group in output[1:] for t in group])
+        return
     schedule = staged_backward.saved_schedule(staged_backward.SavedForward(*(list(g) for g in output[1:])),
                                               [t.shape[0] for t in x], expert_ids[0].shape[1])
     _setup_fused_forward(ctx, inputs, output, [*preact, *shared_preact, *schedule])
 
 
+def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in `dtype`, contiguous, starting on a 16-byte boundary as the kernels
+    read it (a view at an odd offset is copied)."""
+    t = t.to(dtype).contiguous()
+    return t.clone() if (t.storage_offset() * t.element_size()) % 16 else t
+
+
+def _fused_kernel_backward(ctx, douts):
+    """Save mode's backward through torch.ops.mok.fused_backward: one pass of
+    the fused kernel over every rank; the same gradients, dtypes and Nones as
+    the staged backward's (_fused_forward_backward). The kernel computes every
+    gradient; those not needed are dropped. A weight gradient goes to the
+    weight's main_grad (ctx.main_grads) when it has one and is needed."""
+    _refuse_double_backward("mok.fused_forward")
+    R = ctx.world
+    saved = ctx.saved_tensors
+    x, _, weights, w13, w2 = (list(saved[i * R:(i + 1) * R]) for i in range(5))
+    shared_w13, shared_w2 = saved[5 * R], saved[5 * R + 1]
+    kept = saved[5 * R + 2:]
+    preact, shared_preact, expert_rows, expert_offset, schedule_rows = (list(kept[i * R:(i + 1) * R])
+                                                                        for i in range(5))
+    need = ctx.needs_input_grad
+    main = ctx.main_grads
+    main_w13 = main.w13 if any(need[3]) else None
+    main_w2 = main.w2 if any(need[4]) else None
+    main_sw13 = main.shared_w13 if need[5] else None
+    main_sw2 = main.shared_w2 if need[6] else None
+    # An output the loss does not use may come back as None. The kernel reads
+    # the routing weights 16-byte aligned too, which the forward did not ask.
+    douts = [_operand(torch.zeros_like(t) if d is None else d, t.dtype) for d, t in zip(douts, x)]
+    dx, dweights, dw13, dw2, dsw13, dsw2 = torch.ops.mok.fused_backward(
+        x, [_operand(w, torch.float32) for w in weights], w13, w2, shared_w13, shared_w2, preact, shared_preact,
+        expert_rows, expert_offset, schedule_rows, douts, ctx.tuning, main_w13, main_w2, main_sw13, main_sw2,
+        ctx.check_errors)
+    tokens = [t.shape[0] for t in x]
+    experts = [t.shape[0] for t in w13]
+
+    def routed(grad, main_grad, like, wanted):
+        # fp32 from the kernel, rounded once to a bf16 weight's dtype (the
+        # staged backward's weight_grad_mm(out_dtype=bf16) gives those bits).
+        return [None] * R if main_grad is not None else _split(grad, experts, like, wanted)
+
+    def shared(grad, main_grad, like, wanted):
+        return None if like is None or not wanted or main_grad is not None else grad.to(like.dtype)
+
+    result = (_split(dx, tokens, x, need[0]), [None] * R, _split(dweights, tokens, weights, need[2]),
+              routed(dw13, main_w13, w13, need[3]), routed(dw2, main_w2, w2, need[4]),
+              shared(dsw13, main_sw13, shared_w13, need[5]), shared(dsw2, main_sw2, shared_w2, need[6]),
+              None, [] if ctx.tuning_is_empty_list else None, None)
+    return _fit(ctx, result)
+
+
 def _fused_forward_train_backward(ctx, douts, *unused):
+    if ctx.fused:
+        return _fused_kernel_backward(ctx, douts)
     R = ctx.world
     kept = ctx.saved_tensors[5 * R + 2:]
     preact, shared_preact = list(kept[:R]), list(kept[R:2 * R])
