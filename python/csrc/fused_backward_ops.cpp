@@ -153,6 +153,7 @@ struct BackwardCall {
   at::Device device = at::kCPU;
   bool has_shared = false;
   bool accumulate = false;  // any main buffer given
+  bool bf16 = false;        // the kernel writes the weight gradients rounded once to bf16 (bf16_output)
   int64_t capacity = 0;     // schedule rows the pass reads: FusedForward::saved_rows_for(config)
 };
 
@@ -276,15 +277,24 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
 
 // ---- outputs ------------------------------------------------------------------
 
+// Whether the kernel itself writes the weight gradients as bf16 (each the
+// fp32 sum rounded once: the bits the op's caller would get by rounding the
+// fp32 output): asked for, and every output is the kernel's own -- no main
+// buffer to add to, and no shared expert whose per-rank shares (R > 1) the op
+// must sum in fp32 first.
+bool bf16_output(const BackwardCall& call, bool asked) {
+  return asked && !call.accumulate && (call.config.world_size == 1 || !call.has_shared);
+}
+
 using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // A weight-gradient output of `sizes`: empty ([0]) where it goes to a main
 // buffer or does not exist; else zeros when the kernel accumulates into it,
 // uninitialised when the kernel overwrites it (or the op writes it whole).
 at::Tensor weight_grad_output(bool exists, const std::optional<at::Tensor>& main, at::IntArrayRef sizes,
-                              const at::TensorOptions& f32, bool zeros) {
-  if (!exists || given(main)) return at::empty({0}, f32);
-  return zeros ? at::zeros(sizes, f32) : at::empty(sizes, f32);
+                              const at::TensorOptions& options, bool zeros) {
+  if (!exists || given(main)) return at::empty({0}, options);
+  return zeros ? at::zeros(sizes, options) : at::empty(sizes, options);
 }
 
 BackwardOutputs allocate(const BackwardCall& call, at::TensorList x, at::TensorList weights, const MainGrads& main) {
@@ -298,10 +308,11 @@ BackwardOutputs allocate(const BackwardCall& call, at::TensorList x, at::TensorL
   // At R > 1 the shared expert's outputs are the sums of per-rank shares,
   // written by the op, not the kernel.
   const bool shared_zeros = call.accumulate && c.world_size == 1;
-  std::get<2>(o) = weight_grad_output(true, main.w13, {E, 2 * I, H}, f32, call.accumulate);
-  std::get<3>(o) = weight_grad_output(true, main.w2, {E, H, I}, f32, call.accumulate);
-  std::get<4>(o) = weight_grad_output(call.has_shared, main.shared_w13, {2 * S, H}, f32, shared_zeros);
-  std::get<5>(o) = weight_grad_output(call.has_shared, main.shared_w2, {H, S}, f32, shared_zeros);
+  const at::TensorOptions grads = call.bf16 ? f32.dtype(at::kBFloat16) : f32;
+  std::get<2>(o) = weight_grad_output(true, main.w13, {E, 2 * I, H}, grads, call.accumulate);
+  std::get<3>(o) = weight_grad_output(true, main.w2, {E, H, I}, grads, call.accumulate);
+  std::get<4>(o) = weight_grad_output(call.has_shared, main.shared_w13, {2 * S, H}, grads, shared_zeros);
+  std::get<5>(o) = weight_grad_output(call.has_shared, main.shared_w2, {H, S}, grads, shared_zeros);
   return o;
 }
 
@@ -330,11 +341,12 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
                                     at::IntArrayRef tuning, const std::optional<at::Tensor>& main_w13,
                                     const std::optional<at::Tensor>& main_w2,
                                     const std::optional<at::Tensor>& main_shared_w13,
-                                    const std::optional<at::Tensor>& main_shared_w2, bool check_errors) {
+                                    const std::optional<at::Tensor>& main_shared_w2, bool check_errors,
+                                    bool bf16_weight_grads) {
   const MainGrads main{main_w13, main_w2, main_shared_w13, main_shared_w2};
-  const BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact,
-                                                     shared_preact, expert_rows, expert_offset, schedule_rows, dout,
-                                                     tuning, main);
+  BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
+                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main);
+  call.bf16 = bf16_output(call, bf16_weight_grads);
   const c10::cuda::CUDAGuard guard(call.device);
   BackwardOutputs o = allocate(call, x, weights, main);
   auto& [dx, dweights, dw13, dw2, dshared_w13, dshared_w2] = o;
@@ -344,8 +356,10 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
 
   // Where each rank's weight gradients go: its experts' slice of the routed
   // buffers; for the shared expert at R > 1, a share per rank, summed below.
-  float* routed13 = (given(main.w13) ? *main.w13 : dw13).data_ptr<float>();
-  float* routed2 = (given(main.w2) ? *main.w2 : dw2).data_ptr<float>();
+  // (Bytes: the elements are fp32, or bf16 with call.bf16.)
+  const int64_t element = call.bf16 ? 2 : 4;
+  auto* routed13 = static_cast<uint8_t*>((given(main.w13) ? *main.w13 : dw13).data_ptr());
+  auto* routed2 = static_cast<uint8_t*>((given(main.w2) ? *main.w2 : dw2).data_ptr());
   at::Tensor shares13, shares2;
   const at::TensorOptions f32 = x[0].options().dtype(at::kFloat);
   if (call.has_shared && R > 1) {
@@ -383,13 +397,13 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     t.dout = dout[r].data_ptr();
     t.dx = dx.narrow(0, first, T).data_ptr();
     t.dweights = dweights_rows.data_ptr<float>();
-    t.dw13 = routed13 + r * El * 2 * I * H;
-    t.dw2 = routed2 + r * El * H * I;
+    t.dw13 = routed13 + r * El * 2 * I * H * element;
+    t.dw2 = routed2 + r * El * H * I * element;
     if (call.has_shared) {
-      t.dshared_w13 = R > 1 ? shares13[r].data_ptr<float>()
-                            : (given(main.shared_w13) ? *main.shared_w13 : dshared_w13).data_ptr<float>();
-      t.dshared_w2 = R > 1 ? shares2[r].data_ptr<float>()
-                           : (given(main.shared_w2) ? *main.shared_w2 : dshared_w2).data_ptr<float>();
+      t.dshared_w13 = R > 1 ? shares13[r].data_ptr()
+                            : (given(main.shared_w13) ? *main.shared_w13 : dshared_w13).data_ptr();
+      t.dshared_w2 = R > 1 ? shares2[r].data_ptr()
+                           : (given(main.shared_w2) ? *main.shared_w2 : dshared_w2).data_ptr();
     }
     tensors.push_back(t);
     first += T;
@@ -398,7 +412,10 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     auto cached = cached_backward(call.key, c);
     auto stream = c10::cuda::getCurrentCUDAStream(call.device.index()).stream();
     const std::lock_guard<std::mutex> lock(cached->mutex);
-    cached->backward->run(tensors, stream, call.accumulate);
+    cached->backward->run(tensors, stream,
+                          call.accumulate ? mok::WeightGradOutput::kAccumulateFp32
+                          : call.bf16     ? mok::WeightGradOutput::kBf16
+                                          : mok::WeightGradOutput::kFp32);
     if (check_errors) cached->backward->check(stream);
   });
 
@@ -428,11 +445,12 @@ BackwardOutputs fused_backward_meta(at::TensorList x, at::TensorList weights, at
                                     at::IntArrayRef tuning, const std::optional<at::Tensor>& main_w13,
                                     const std::optional<at::Tensor>& main_w2,
                                     const std::optional<at::Tensor>& main_shared_w13,
-                                    const std::optional<at::Tensor>& main_shared_w2, bool /*check_errors*/) {
+                                    const std::optional<at::Tensor>& main_shared_w2, bool /*check_errors*/,
+                                    bool bf16_weight_grads) {
   const MainGrads main{main_w13, main_w2, main_shared_w13, main_shared_w2};
-  const BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact,
-                                                     shared_preact, expert_rows, expert_offset, schedule_rows, dout,
-                                                     tuning, main);
+  BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
+                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main);
+  call.bf16 = bf16_output(call, bf16_weight_grads);
   return allocate(call, x, weights, main);
 }
 
@@ -443,7 +461,8 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
       "fused_backward(Tensor[] x, Tensor[] weights, Tensor[] w13, Tensor[] w2, Tensor? shared_w13, "
       "Tensor? shared_w2, Tensor[] preact, Tensor[] shared_preact, Tensor[] expert_rows, Tensor[] expert_offset, "
       "Tensor[] schedule_rows, Tensor[] dout, int[] tuning, Tensor(a!)? main_w13=None, Tensor(b!)? main_w2=None, "
-      "Tensor(c!)? main_shared_w13=None, Tensor(d!)? main_shared_w2=None, bool check_errors=False) -> "
+      "Tensor(c!)? main_shared_w13=None, Tensor(d!)? main_shared_w2=None, bool check_errors=False, "
+      "bool bf16_weight_grads=False) -> "
       "(Tensor dx, Tensor dweights, Tensor dw13, Tensor dw2, Tensor dshared_w13, Tensor dshared_w2)");
   m.def("backward_cache_info() -> int[]", &backward_cache_info);
 }

@@ -22,7 +22,8 @@ is looked for), which registers:
   torch.ops.mok.fused_backward(x, weights, w13, w2, shared_w13, shared_w2,
                                preact, shared_preact, expert_rows, expert_offset,
                                schedule_rows, dout, tuning, main_w13=None, main_w2=None,
-                               main_shared_w13=None, main_shared_w2=None, check_errors=False)
+                               main_shared_w13=None, main_shared_w2=None, check_errors=False,
+                               bf16_weight_grads=False)
       -> (dx, dweights, dw13, dw2, dshared_w13, dshared_w2)
       The fused backward kernel over the same virtual world, save mode: the
       forward's inputs (per-rank lists, as fused_forward takes them), what
@@ -34,7 +35,11 @@ is looked for), which registers:
       [H, S]: the ranks' shares added in rank order. Each main_* (fp32, the weight gradient's shape: [E, 2I, H],
       [E, H, I], [2S, H], [H, S]) given gets its gradient added in place, and
       that output is an empty [0] tensor (as are the shared ones without a
-      shared expert); the others are still returned. mok.fused_forward's
+      shared expert); the others are still returned. bf16_weight_grads: the
+      weight gradients come back bf16, each fp32 sum rounded once by the
+      kernel (the bits of rounding the fp32 outputs), wherever the kernel
+      writes all of them itself (no main_* given; R = 1 or no shared expert),
+      fp32 otherwise. mok.fused_forward's
       save-mode autograd calls it (mok/autograd.py; MOK_BACKWARD=staged
       switches back to the staged backward). torch.ops.mok.backward_cache_info()
       -> [objects held, capacity] of its cache of FusedBackward objects.

@@ -202,13 +202,14 @@ def _fused_kernel_backward(ctx, douts):
     dx, dweights, dw13, dw2, dsw13, dsw2 = torch.ops.mok.fused_backward(
         x, [_operand(w, torch.float32) for w in weights], w13, w2, shared_w13, shared_w2, preact, shared_preact,
         expert_rows, expert_offset, schedule_rows, douts, ctx.tuning, main_w13, main_w2, main_sw13, main_sw2,
-        ctx.check_errors)
+        ctx.check_errors, bf16_weight_grads=w13[0].dtype == torch.bfloat16)
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
 
     def routed(grad, main_grad, like, wanted):
         # fp32 from the kernel, rounded once to a bf16 weight's dtype (the
-        # staged backward's weight_grad_mm(out_dtype=bf16) gives those bits).
+        # staged backward's weight_grad_mm(out_dtype=bf16) gives those bits);
+        # or already rounded by the kernel (bf16_weight_grads: the same bits).
         return [None] * R if main_grad is not None else _split(grad, experts, like, wanted)
 
     def shared(grad, main_grad, like, wanted):
