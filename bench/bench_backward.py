@@ -8,10 +8,12 @@ accumulation on either side), the forward+backward as a forward then that
 call. Native and mok run in alternating rounds (bench_fused_forward.paired_ms).
 Useful FLOPs: the backward is twice the forward's 6 (T + T k) H I (the shared
 expert counted as one more expert of width I); recomputed FLOPs are not
-counted. The dense bf16 peak is measured in the same run. mok's backward today
-is the staged one (python/mok/staged_backward.py: mok's grouped GEMMs for the
-data and weight gradients, torch for the gathers and the combine); a
-per-kernel breakdown of one mok backward (torch.profiler) is printed too.
+counted. The dense bf16 peak is measured in the same run. mok's backward is
+the staged one by default (python/mok/staged_backward.py: mok's grouped GEMMs
+for the data and weight gradients, torch for the gathers and the combine), or
+with MOK_BACKWARD=fused and --save the fused backward kernel
+(include/mok/fused_backward.hpp); a per-kernel breakdown of one mok backward
+(torch.profiler) is printed too.
 
 usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save]
 """

@@ -32,7 +32,7 @@ struct CUstream_st;
 namespace mok {
 
 // One rank's tensors, all in device memory on the current GPU, bf16 as raw
-// 16-bit storage, contiguous, 16-byte aligned.
+// 16-bit storage, contiguous, 16-byte aligned (weights and dweights: 4-byte).
 struct BackwardRankTensors {
   // What the forward read, unchanged since.
   const void* x = nullptr;              // bf16 [T, H]

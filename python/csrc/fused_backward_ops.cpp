@@ -90,9 +90,8 @@ using mok::torch_ops::shape_of;
 using mok::torch_ops::TensorSpec;
 using mok::torch_ops::kActivations, mok::torch_ops::kExpertWeights, mok::torch_ops::kSharedWeights;
 
-// The backward reads the routing weights and writes dweights through 16-byte
-// aligned pointers (FusedBackward::run refuses others).
-const TensorSpec kBackwardWeights{at::kFloat, 2, /*aligned=*/true};
+// The backward reads the routing weights one float at a time: any slice will do.
+const TensorSpec kBackwardWeights{at::kFloat, 2, /*aligned=*/false};
 const TensorSpec kSavedRows{at::kBFloat16, 2, /*aligned=*/true};
 const TensorSpec kScheduleCounts{at::kInt, 1};
 const TensorSpec kScheduleRows{at::kInt, 2};
@@ -371,18 +370,12 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
       [&] { return mok::world::pass_state_layout(c, mok::world::fused_kernel_facts()); });
   std::vector<at::Tensor> states;
   std::vector<mok::BackwardRankTensors> tensors;
-  // Rank r's rows of dx and dweights: dx's are 16-byte aligned (H is a
-  // multiple of 64); a dweights slice that is not (its first element's index
-  // first * k not a multiple of 4) is written to a buffer of its own first.
-  std::vector<std::pair<at::Tensor, at::Tensor>> dweights_copies;  // {buffer, slice}
+  // Rank r's rows of dx (16-byte aligned: H is a multiple of 64) and of
+  // dweights (written one float at a time: any slice will do).
   int64_t first = 0;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t T = c.tokens_per_rank[static_cast<size_t>(r)];
     at::Tensor dweights_rows = dweights.narrow(0, first, T);
-    if ((first * c.top_k) % 4 != 0 && T > 0) {
-      dweights_copies.emplace_back(at::empty_like(dweights_rows), dweights_rows);
-      dweights_rows = dweights_copies.back().first;
-    }
     states.push_back(pass_state(call, layout, expert_rows[r], expert_offset[r], schedule_rows[r]));
     mok::BackwardRankTensors t;
     t.x = x[r].data_ptr();
@@ -419,7 +412,6 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     if (check_errors) cached->backward->check(stream);
   });
 
-  for (auto& [buffer, slice] : dweights_copies) slice.copy_(buffer);
   // The ranks' shares of the shared expert's gradients, in rank order.
   if (call.has_shared && R > 1) {
     const auto sum = [R](const at::Tensor& shares, const std::optional<at::Tensor>& into, at::Tensor& out) {

@@ -5,11 +5,10 @@
   fused_forward_train save mode (mok.fused_forward(..., save_activations=True)):
                      the forward's training kernel also kept its schedule and
                      the gate/up pre-activations, which the backward reads
-                     instead of recomputing. On CUDA tensors the backward is
-                     the fused backward kernel (torch.ops.mok.fused_backward:
-                     one persistent kernel, the staged backward's arithmetic);
-                     elsewhere (CPU, meta), without that op in the loaded
-                     library, or with MOK_BACKWARD=staged, the staged backward.
+                     instead of recomputing. The backward is the staged one,
+                     or with MOK_BACKWARD=fused on CUDA tensors the fused
+                     backward kernel (torch.ops.mok.fused_backward: one
+                     persistent kernel, the staged backward's arithmetic).
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
   grouped_mm_swiglu, process_world_run
                      no backward of their own: backward raises a clear error
@@ -26,9 +25,9 @@ it (weight_grad_mm_acc_: one fp32 addition per element and call) and returns
 no .grad for that weight. Double backward (create_graph=True) is not supported and raises.
 
 MOK_BACKWARD (read when the forward runs, which decides what it keeps for the
-backward): "auto" or unset, the fused backward where it runs (save mode, CUDA);
-"staged", the staged backward always; "fused", the fused backward in save mode,
-raising where it cannot run. The two give the same gradient bits (same
+backward): "auto" or unset, today the staged backward (the faster of the two
+on one GPU, docs/perf-notes.md b5); "staged", the staged backward always;
+"fused", the fused backward kernel in save mode, raising where it cannot run. The two give the same gradient bits (same
 arithmetic per element, same sum orders), with one exception: in a virtual
 world of R > 1 ranks the fused backward computes the shared expert's weight
 gradients as one share per rank (each rank's tokens, as data parallelism
@@ -134,7 +133,11 @@ def backward_path(device: torch.device) -> str:
     mode = os.environ.get("MOK_BACKWARD", "").strip().lower() or "auto"
     if mode not in BACKWARD_MODES:
         raise ValueError(f"mok: MOK_BACKWARD = {mode!r}: expected one of {', '.join(BACKWARD_MODES)}")
-    if mode == "staged":
+    # "auto" is the staged backward for now: on one H200 it is the faster of
+    # the two (DeepSeek-V3 slice, bench_backward --save: 11.3 ms against the
+    # fused kernel's 12.2 ms; docs/perf-notes.md b5), the fused kernel having
+    # no inter-GPU traffic to hide there and 8 of its 132 SMs on the dispatch.
+    if mode in ("staged", "auto"):
         return "staged"
     runs = device.type == "cuda" and hasattr(torch.ops.mok, "fused_backward")
     if mode == "fused" and not runs:
@@ -196,11 +199,10 @@ def _fused_kernel_backward(ctx, douts):
     main_w2 = main.w2 if any(need[4]) else None
     main_sw13 = main.shared_w13 if need[5] else None
     main_sw2 = main.shared_w2 if need[6] else None
-    # An output the loss does not use may come back as None. The kernel reads
-    # the routing weights 16-byte aligned too, which the forward did not ask.
+    # An output the loss does not use may come back as None.
     douts = [_operand(torch.zeros_like(t) if d is None else d, t.dtype) for d, t in zip(douts, x)]
     dx, dweights, dw13, dw2, dsw13, dsw2 = torch.ops.mok.fused_backward(
-        x, [_operand(w, torch.float32) for w in weights], w13, w2, shared_w13, shared_w2, preact, shared_preact,
+        x, [w.float().contiguous() for w in weights], w13, w2, shared_w13, shared_w2, preact, shared_preact,
         expert_rows, expert_offset, schedule_rows, douts, ctx.tuning, main_w13, main_w2, main_sw13, main_sw2,
         ctx.check_errors, bf16_weight_grads=w13[0].dtype == torch.bfloat16)
     tokens = [t.shape[0] for t in x]

@@ -168,7 +168,7 @@ def test_the_schema_returns_no_lists():
 def test_mok_backward_chooses_the_backward(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv("MOK_BACKWARD", raising=False)
-    assert mok.autograd.backward_path(cuda) == "fused"
+    assert mok.autograd.backward_path(cuda) == "staged"  # auto: the faster on one GPU today
     assert mok.autograd.backward_path(cpu) == "staged"
     assert mok.autograd.backward_path(torch.device("meta")) == "staged"
     monkeypatch.setenv("MOK_BACKWARD", "staged")
@@ -448,7 +448,7 @@ def _autograd_grads(shape, R, monkeypatch, mode, seed=43):
 @pytest.mark.parametrize("R", [1, 2, 4])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_save_mode_autograd_runs_the_fused_backward_with_the_staged_bits(shape, R, monkeypatch, fused_calls):
-    fused = _autograd_grads(shape, R, monkeypatch, "auto")
+    fused = _autograd_grads(shape, R, monkeypatch, "fused")
     assert fused_calls == [R]
     staged = _autograd_grads(shape, R, monkeypatch, "staged")
     assert fused_calls == [R], "MOK_BACKWARD=staged ran the fused backward"
@@ -478,7 +478,7 @@ def fused_calls(monkeypatch):
 def test_the_module_in_save_mode_accumulates_main_grads_as_the_staged_backward(monkeypatch, fused_calls):
     from mok.nn import MoE
     results = {}
-    for mode in ("auto", "staged"):
+    for mode in ("fused", "staged"):
         monkeypatch.setenv("MOK_BACKWARD", mode)
         torch.manual_seed(0)
         moe = MoE(128, 64, 8, 2, shared_intermediate=64, device=DEVICE, save_activations=True, fp32_main_grad=True)
@@ -490,7 +490,7 @@ def test_the_module_in_save_mode_accumulates_main_grads_as_the_staged_backward(m
         assert all(p.grad is None for p in experts)
         results[mode] = [p.main_grad for p in experts] + [moe.router.weight.grad, x.grad]
     assert fused_calls == [1, 1]
-    for a, b in zip(results["auto"], results["staged"]):
+    for a, b in zip(results["fused"], results["staged"]):
         assert _same(a, b)
 
 
@@ -500,7 +500,7 @@ def test_the_autograd_returns_only_what_is_needed(monkeypatch, fused_calls):
     layer = random_global_layer(s["T"], s["H"], s["I"], s["E"], s["k"], s["S"], seed=47, device=DEVICE)
     x, ids, w, w13, w2, sw13, sw2 = layer
     grads = {}
-    for mode in ("auto", "staged"):
+    for mode in ("fused", "staged"):
         monkeypatch.setenv("MOK_BACKWARD", mode)
         leaf = w2.clone().requires_grad_()
         out = mok.fused_forward([x], [ids], [w], [w13], [leaf], sw13, sw2, num_experts=s["E"],
@@ -508,4 +508,4 @@ def test_the_autograd_returns_only_what_is_needed(monkeypatch, fused_calls):
         out.backward(_dout(s["T"], s["H"], 48))
         grads[mode] = leaf.grad
     assert fused_calls == [1]
-    assert _same(grads["auto"], grads["staged"])
+    assert _same(grads["fused"], grads["staged"])

@@ -56,13 +56,18 @@ CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::arr
                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-void require_pointer(const void* p, const char* field, int rank, bool needed = true) {
+// Rows read or written by TMA or 16-byte accesses need 16-byte alignment;
+// the routing weights and their gradients are read and written one float at
+// a time (kScalar).
+constexpr uintptr_t kRows = 16, kScalar = 4;
+void require_pointer(const void* p, const char* field, int rank, bool needed = true, uintptr_t alignment = kRows) {
   if (p == nullptr) {
     if (!needed) return;
     throw Error("FusedBackward::run: rank " + std::to_string(rank) + "'s " + field + " is null");
   }
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    throw Error("FusedBackward::run: rank " + std::to_string(rank) + "'s " + field + " is not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    throw Error("FusedBackward::run: rank " + std::to_string(rank) + "'s " + field + " is not " +
+                std::to_string(alignment) + "-byte aligned");
   }
 }
 
@@ -274,10 +279,10 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
     const bool tokens = c.tokens_per_rank[static_cast<size_t>(r)] > 0;
     require_pointer(t.x, "x", r, tokens);
-    require_pointer(t.weights, "weights", r, tokens);
+    require_pointer(t.weights, "weights", r, tokens, kScalar);
     require_pointer(t.dout, "dout", r, tokens);
     require_pointer(t.dx, "dx", r, tokens);
-    require_pointer(t.dweights, "dweights", r, tokens);
+    require_pointer(t.dweights, "dweights", r, tokens, kScalar);
     require_pointer(t.w13, "w13", r);
     require_pointer(t.w2, "w2", r);
     require_pointer(t.dw13, "dw13", r);

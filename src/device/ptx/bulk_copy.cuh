@@ -35,12 +35,6 @@ __device__ __forceinline__ void bulk_wait_all() {
   cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 }
 
-// Starts bringing `bytes` (a multiple of 16, 16-byte aligned) of global
-// memory into L2; nothing to wait for. (No cuda::ptx wrapper for it yet.)
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem_src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem_src), "r"(bytes) : "memory");
-}
-
 // Orders this thread's generic-proxy accesses with async-proxy (TMA, bulk)
 // accesses to global memory: after acquiring a flag and before a TMA load of
 // the data it guards; after bulk writes complete and before releasing a flag.

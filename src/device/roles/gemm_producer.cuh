@@ -7,26 +7,6 @@
 
 namespace mok::device {
 
-// The backward's g tasks: their epilogue reads the gate and up
-// pre-activations of the tile's rows and columns (2 x 128 x 256 bf16) with
-// plain loads, a chain of round trips to HBM once the accumulators are done.
-// Asking L2 for them when the task starts hides that behind its mainloop.
-template <class Spec, class Ctx>
-__device__ __forceinline__ void prefetch_preactivations(const Ctx& ctx, const GemmTask& task,
-                                                        const protocol::PassShape& shape) {
-  using Cfg = KindConfig<Spec>;
-  const auto& v = ctx.view();
-  const uint16_t* const base = Spec::value.rows == protocol::Rows::kSchedule ? v.preact : v.shared_preact;
-  const int64_t n = protocol::dim_of(shape, Spec::value.n);
-  const int64_t col0 = static_cast<int64_t>(task.n_tile) * Cfg::kOutCols;
-  const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(Cfg::kOutCols), n - col0) * 2);
-  for (int i = 0; i < task.real_rows; ++i) {
-    const uint16_t* row = base + (static_cast<int64_t>(task.row0) + i) * 2 * n + col0;
-    bulk_prefetch_l2(row, bytes);      // gate
-    bulk_prefetch_l2(row + n, bytes);  // up
-  }
-}
-
 // Producer thread: takes each task the fetcher queued (its inputs ready),
 // posts it to the consumers and streams its operands by TMA. Returns after
 // posting the fetcher's kNone.
@@ -65,9 +45,6 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
       const GemmTensorMaps task_maps{&maps[protocol::map_index<Pass>(kKind, 0)],
                                      &maps[protocol::map_index<Pass>(kKind, 1)]};
       auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
-      if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
-        prefetch_preactivations<Spec>(ctx, task, shape);
-      }
       if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
         load_weight_grad_tile<Cfg>(task_maps, storage, ring, weight_grad_tile_of<Spec>(task, shape));
       } else {
