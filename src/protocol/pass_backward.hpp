@@ -95,7 +95,10 @@ struct BackwardPass {
   static constexpr bool kMapPerOperand = true;
 
   static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
-  static constexpr PipelineEntry kPipeline[] = {{kDx, true}, {kGrad, false}};
+  // dx_j n-tile major: W13[e]'s 2I x 256 panels of all H / 256 n-tiles
+  // (~56 MB on the DeepSeek-V3 slice) exceed L2, and m-tile-major waves
+  // re-read them from HBM.
+  static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kGrad, false}};
   static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 
   struct Dispatch {

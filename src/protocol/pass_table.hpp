@@ -156,10 +156,14 @@ struct KindSpec {
 };
 
 // One block stream of the pass's pipeline: at step s it emits the tasks of
-// `kind` for minibatch s - lag, lag = 0 or the lookahead.
+// `kind` for minibatch s - lag, lag = 0 or the lookahead; m-tile major, or
+// with n_major n-tile major (the tasks running at once then share fewer
+// B panels: for a kind whose B panels of one expert exceed L2, each is read
+// once per minibatch instead of once per wave of tasks).
 struct PipelineEntry {
   int32_t kind;
   bool lags;
+  bool n_major = false;
 };
 
 // What fixes a rank's task list besides its schedule: the pass's options and
@@ -543,11 +547,15 @@ namespace detail {
 // Tasks of one pipeline entry's block for minibatch mb (m-tile major), or
 // false with `ticket` reduced by the block's size.
 template <class Pass>
-MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, int32_t kind, int32_t mb, int32_t& ticket, Task& task) {
-  const int32_t n = g.n_tiles[kind];
-  const int32_t size = g.tiles_in_minibatch(mb) * n;
+MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, PipelineEntry entry, int32_t mb, int32_t& ticket,
+                           Task& task) {
+  const int32_t n = g.n_tiles[entry.kind];
+  const int32_t m = g.tiles_in_minibatch(mb);
+  const int32_t size = m * n;
   if (ticket < size) {
-    task = {kind, mb, mb * g.tiles_per_minibatch() + ticket / n, ticket % n};
+    const int32_t m_in_block = entry.n_major ? ticket % m : ticket / n;
+    const int32_t n_tile = entry.n_major ? ticket / m : ticket % n;
+    task = {entry.kind, mb, mb * g.tiles_per_minibatch() + m_in_block, n_tile};
     return true;
   }
   ticket -= size;
@@ -560,7 +568,7 @@ MOK_HD bool pipeline_step(const PassGeometry<Pass>& g, int32_t s, int32_t miniba
   for_each_index<static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry))>([&](auto E) {
     constexpr PipelineEntry entry = Pass::kPipeline[E];
     const int32_t mb = s - (entry.lags ? g.effective_lookahead() : 0);
-    if (!found && mb >= 0 && mb < minibatches) found = pipeline_block(g, entry.kind, mb, ticket, task);
+    if (!found && mb >= 0 && mb < minibatches) found = pipeline_block(g, entry, mb, ticket, task);
   });
   return found;
 }

@@ -1,11 +1,12 @@
 // The fused backward: one persistent kernel for the ranks of a world that one
 // GPU serves (docs/backward-design.md). Block b serves rank first_rank + b /
 // ctas_per_rank; of a rank's CTAs the first comm_ctas_per_rank pull the dout
-// and x rows of its schedule (backward_dispatch_role.cuh), the others run the
-// backward table's GEMM tasks (gemm_cta.cuh; the table is
-// src/protocol/pass_backward.hpp); then every dispatch and consumer warp of
-// the rank joins its combine (backward_combine_role.cuh). The schedule is
-// the forward's (the caller's pass state): no CTA builds one.
+// and x rows of its schedule (backward_dispatch_role.cuh) and then run GEMM
+// tasks too (but the first kCombineCtas, which run the combine); the others
+// run the backward table's GEMM tasks from the start (gemm_cta.cuh; the table
+// is src/protocol/pass_backward.hpp); every consumer warp of the rank then
+// joins the combine (backward_combine_role.cuh). The schedule is the forward's (the caller's
+// pass state): no CTA builds one.
 // Setup and role dispatch only: the dataflow is in the roles.
 #pragma once
 
@@ -21,6 +22,9 @@
 namespace mok::device {
 
 static_assert(kinds_share_mainloop<protocol::BackwardPass>(), "the backward's kinds run one mainloop shape");
+
+// Dispatch CTAs that run the combine after their dispatch (the rest join the GEMMs).
+inline constexpr int kCombineCtas = 2;
 
 template <cuda::thread_scope kScope>
 __global__ void __launch_bounds__(kFusedThreads, 1)
@@ -38,13 +42,25 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   if (cta < comm) {
-    // Only the copy warps of a dispatch CTA work; they then join the combine.
-    if (warp >= kCopyWarps) return;
-    if (backward_dispatch(ctx, *reinterpret_cast<DispatchShared*>(smem), cta)) {
+    // A dispatch CTA pulls rows (its copy warps). The first kCombineCtas then
+    // run the combine with every warp, from the end of the pipeline on, while
+    // the weight gradients still run; the others become GEMM CTAs: the rows
+    // are in long before the GEMM work ends (the weight gradients read no
+    // new rows). All of them in the GEMMs left the whole combine for the
+    // end of the pass (0.3 ms on the DeepSeek-V3 slice, docs/perf-notes.md b5).
+    auto& dispatch_smem = *reinterpret_cast<DispatchShared*>(smem);
+    if (cta < kCombineCtas) {
+      if (warp < kCopyWarps) backward_dispatch(ctx, dispatch_smem, cta);
       backward_combine(ctx, warp == 0);
+      return;
     }
-    return;
+    if (warp < kCopyWarps) backward_dispatch(ctx, dispatch_smem, cta);
+    __syncthreads();
+    if (warp < kCopyWarps && threadIdx.x % 32 == 0) end_copy_warp(dispatch_smem, warp);
+    __syncthreads();
   }
+  // (After an abort the fetcher ends the task list at once and the combine's
+  // first waits return.)
   if (run_gemm_cta(ctx, *reinterpret_cast<FusedGemmShared*>(smem))) {
     backward_combine(ctx, warp == 4);
   }

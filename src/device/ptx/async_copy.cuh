@@ -15,6 +15,13 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) 
   cuda::ptx::mbarrier_init(bar, arrivals);
 }
 
+// Ends an mbarrier's life, so that its shared memory may hold something else
+// (PTX requires it before the bytes are reused). No cuda::ptx wrapper for it.
+__device__ __forceinline__ void mbarrier_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+
 // Makes barrier initialisation visible to the async proxy (TMA completes
 // transactions on the barriers); follow it with a CTA barrier.
 __device__ __forceinline__ void fence_barrier_init() {

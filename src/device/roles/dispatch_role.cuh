@@ -85,6 +85,12 @@ __device__ __forceinline__ void begin_copy_warp(DispatchShared& smem, int warp) 
   fence_proxy_async_global();
 }
 
+// Lane 0 of copy warp `warp`, after its last copy_rows (its copies are
+// complete), before the CTA's shared memory holds anything else.
+__device__ __forceinline__ void end_copy_warp(DispatchShared& smem, int warp) {
+  for (int s = 0; s < kSlotsPerWarp; ++s) mbarrier_inval(&smem.full[warp][s]);
+}
+
 // The forward's copy: x rows of the home ranks into the ring.
 template <class Ctx>
 __device__ __forceinline__ void copy_x_rows(Ctx& ctx, DispatchShared& smem, int copy_warp, uint32_t& phases,
