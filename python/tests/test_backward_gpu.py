@@ -175,6 +175,30 @@ def test_fused_forward_backward_matches_fp32_autograd_and_every_world(shared):
             assert (a is None and b is None) or _same_bits(a, b), name
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_fused_backward_kernel_matches_fp32_autograd_and_keeps_its_routed_bits_at_every_world(
+        shared, monkeypatch):
+    # MOK_BACKWARD=fused: save mode's backward is the fused kernel. Every
+    # gradient against torch autograd of the fp32 layer; the routed ones (and
+    # dx, the router weights') the same bits at every world size (the shared
+    # expert's weight gradients are per-rank shares added in rank order at
+    # R > 1: fp32 rounding apart, checked by the tolerance).
+    monkeypatch.setenv("MOK_BACKWARD", "fused")
+    T, H, I, E, K = 256, 256, 128, 8, 2
+    layer = random_global_layer(T, H, I, E, K, 128 if shared else 0, seed=20, device="cuda")
+    dout = _rand(T, H, seed=21)
+    want = reference_layer_grads(*layer, dout)
+    grads = {world: _fused_grads(layer, world, dout, save=True) for world in (1, 2, 4)}
+    for world, got_all in grads.items():
+        for name, got, ref in zip(NAMES, got_all, want):
+            if ref is not None:
+                assert torch.isfinite(got).all(), (world, name)
+                assert float((got.float() - ref).norm() / ref.norm()) < TOLERANCE, (world, name)
+    for other in (grads[2], grads[4]):
+        for name, a, b in zip(NAMES[:4], grads[1][:4], other[:4]):
+            assert _same_bits(a, b), name
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_save_mode_gives_recompute_modes_bits(world, monkeypatch):
     # The training kernel keeps the gate/up accumulators h comes from, which

@@ -574,6 +574,34 @@ TEST(FusedBackward, EdgeRoutings) {
   }
 }
 
+// Bounded waits: with a timeout far shorter than any wait of the pass, the
+// first wait that gives up stops every role of every rank, the kernel ends
+// (no hang), and check() names the counter, the ranks and the values. The
+// object then runs a normal pass again (its counters are zeroed per pass).
+TEST(FusedBackward, AWaitPastItsTimeoutIsAnErrorNamingItsCounterNotAHang) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(512, 320, 16, 4, 1, {260, 190});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 61);
+  const SavedPass saved = run_training_forward(p, {});
+  mok::FusedForwardOptions impatient;
+  impatient.timeout_seconds = 1e-6;
+  mok::FusedBackward backward(config, impatient);
+  const Outputs out(config);
+  out.poison();
+  backward.run(backward_tensors(p, saved, out));
+  try {
+    backward.check();
+    ADD_FAILURE() << "a pass with a 1 us timeout reported no stall";
+  } catch (const mok::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("waited on"), std::string::npos) << what;
+    EXPECT_NE(what.find("before the timeout"), std::string::npos) << what;
+  }
+  mok::FusedBackward patient(config);
+  out.poison();
+  expect_matches_reference(p, run_backward(patient, p, saved, out));
+}
+
 TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   MOK_REQUIRE_HOPPER();
   // Worlds and pass orders this version does not run, refused at construction
