@@ -2,6 +2,7 @@
 
 #include "common/cuda_check.hpp"
 #include "device/kernel/fused_backward_kernel.cuh"
+#include "world/cooperative_launch.hpp"
 
 namespace mok::world {
 
@@ -13,17 +14,8 @@ void allow_backward_kernel_smem() {
 int backward_kernel_smem_bytes() { return device::fused_smem_bytes(); }
 
 void launch_backward_kernel(const device::FusedBackwardParams& params, int ctas, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(device::kFusedThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(device::fused_smem_bytes());
-  config.stream = stream;
-  cudaLaunchAttribute cooperative{};
-  cooperative.id = cudaLaunchAttributeCooperative;
-  cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
-  config.numAttrs = 1;
-  MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, device::fused_backward_kernel<cuda::thread_scope_device>, params));
+  launch_cooperative(device::fused_backward_kernel<cuda::thread_scope_device>, params, ctas, device::kFusedThreads,
+                     device::fused_smem_bytes(), stream);
 }
 
 }  // namespace mok::world

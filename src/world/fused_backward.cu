@@ -25,6 +25,7 @@
 #include "world/backward_kernel.hpp"
 #include "world/forward_options.hpp"
 #include "world/fused_kernel.hpp"
+#include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
 
 namespace mok {
@@ -86,8 +87,7 @@ struct FusedBackward::State {
   size_t bytes = 0;
   uint8_t* memory = nullptr;
   uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
-  uint8_t* trace_memory = nullptr;  // per block: its event count; then its events
-  size_t trace_blocks = 0, trace_per_block = 0;
+  world::TraceMemory trace;  // options.trace_events > 0
   device::FusedBackwardParams params{};
   cudaEvent_t done = nullptr;
   bool recorded = false;
@@ -96,9 +96,8 @@ struct FusedBackward::State {
     if (done != nullptr) cudaEventDestroy(done);
     if (memory != nullptr) cudaFree(memory);
     if (report != nullptr) cudaFree(report);
-    if (trace_memory != nullptr) cudaFree(trace_memory);
+    if (trace.memory != nullptr) cudaFree(trace.memory);
   }
-  size_t trace_count_bytes() const { return align_up(trace_blocks * sizeof(uint32_t), 256); }
   protocol::PassGeometry<BackwardPass> geometry(int r) const {
     const protocol::PassShape shape{params.tile_m,       params.minibatch_rows, params.ring_slots,
                                     params.lookahead,    params.hidden,         params.intermediate,
@@ -197,12 +196,11 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   p.trace_count = nullptr;
   p.trace_capacity = 0;
   if (s.options.trace_events > 0) {
-    s.trace_blocks = static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank);
-    s.trace_per_block = std::max<size_t>(1, static_cast<size_t>(s.options.trace_events) / s.trace_blocks);
-    MOK_CUDA_CHECK(cudaMalloc(&s.trace_memory, s.trace_count_bytes() + s.trace_blocks * s.trace_per_block * sizeof(TraceEvent)));
-    p.trace_count = reinterpret_cast<uint32_t*>(s.trace_memory);
-    p.trace = reinterpret_cast<TraceEvent*>(s.trace_memory + s.trace_count_bytes());
-    p.trace_capacity = static_cast<uint32_t>(s.trace_per_block);
+    s.trace = world::allocate_trace(static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank),
+                                    s.options.trace_events);
+    p.trace_count = s.trace.counts();
+    p.trace = s.trace.events();
+    p.trace_capacity = static_cast<uint32_t>(s.trace.per_block);
   }
 
   const int R = config.world_size;
@@ -334,7 +332,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   cudaStream_t st = stream;
   if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
   MOK_CUDA_CHECK(cudaMemsetAsync(s.report, 0, kReportBytes, st));
-  if (s.trace_memory != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, s.trace_count_bytes(), st));
+  if (s.trace.memory != nullptr) s.trace.clear(st);
   device::FusedBackwardParams& p = s.params;
   p.accumulate = accumulate ? 1 : 0;
   p.weight_grad_bf16 = bf16_grads ? 1 : 0;
@@ -420,24 +418,9 @@ void FusedBackward::check(CUstream_st* stream) {
 
 std::vector<TraceEvent> FusedBackward::trace(CUstream_st* stream) {
   State& s = *state_;
-  if (s.trace_memory == nullptr) throw Error("FusedBackward::trace: tracing is off (options.trace_events = 0)");
+  if (s.trace.memory == nullptr) throw Error("FusedBackward::trace: tracing is off (options.trace_events = 0)");
   check(stream);
-  std::vector<uint32_t> counts(s.trace_blocks);
-  MOK_CUDA_CHECK(cudaMemcpy(counts.data(), s.trace_memory, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  std::vector<TraceEvent> all(s.trace_blocks * s.trace_per_block);
-  MOK_CUDA_CHECK(cudaMemcpy(all.data(), s.trace_memory + s.trace_count_bytes(), all.size() * sizeof(TraceEvent),
-                            cudaMemcpyDeviceToHost));
-  std::vector<TraceEvent> events;
-  for (size_t b = 0; b < s.trace_blocks; ++b) {
-    if (counts[b] > s.trace_per_block) {
-      throw Error("FusedBackward::trace: block " + std::to_string(b) + " recorded " + std::to_string(counts[b]) +
-                  " events, more than its share of trace_events (" + std::to_string(s.trace_per_block) +
-                  "); raise trace_events");
-    }
-    events.insert(events.end(), all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block),
-                  all.begin() + static_cast<std::ptrdiff_t>(b * s.trace_per_block + counts[b]));
-  }
-  return events;
+  return s.trace.read("FusedBackward::trace", s.options.trace_events);
 }
 
 }  // namespace mok

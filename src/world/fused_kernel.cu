@@ -2,6 +2,7 @@
 
 #include "common/cuda_check.hpp"
 #include "device/kernel/fused_forward_kernel.cuh"
+#include "world/cooperative_launch.hpp"
 
 namespace mok::world {
 namespace {
@@ -10,17 +11,8 @@ static_assert(alignof(CUtensorMap) <= 1024, "the workspace aligns its regions to
 
 template <cuda::thread_scope kScope, bool kTraining>
 void launch(const device::FusedForwardParams& params, int ctas, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(device::kFusedThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(device::fused_smem_bytes());
-  config.stream = stream;
-  cudaLaunchAttribute cooperative{};
-  cooperative.id = cudaLaunchAttributeCooperative;
-  cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
-  config.numAttrs = 1;
-  MOK_CUDA_CHECK(cudaLaunchKernelEx(&config, device::fused_forward_kernel<kScope, kTraining>, params));
+  launch_cooperative(device::fused_forward_kernel<kScope, kTraining>, params, ctas, device::kFusedThreads,
+                     device::fused_smem_bytes(), stream);
 }
 
 }  // namespace

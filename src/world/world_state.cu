@@ -60,9 +60,11 @@ void WorldState::allocate_report_words() {
   // Zero now, so that check() before the first pass finds no report.
   MOK_CUDA_CHECK(cudaMemset(world_words, 0, kReportWordsBytes));
   if (options.trace_events > 0) {
-    trace_blocks = static_cast<size_t>(config.world_size) * static_cast<size_t>(options.ctas_per_rank);
-    trace_per_block = std::max<size_t>(1, static_cast<size_t>(options.trace_events) / trace_blocks);
-    MOK_CUDA_CHECK(cudaMalloc(&trace_memory, trace_count_bytes() + trace_blocks * trace_per_block * sizeof(TraceEvent)));
+    const TraceMemory trace = allocate_trace(
+        static_cast<size_t>(config.world_size) * static_cast<size_t>(options.ctas_per_rank), options.trace_events);
+    trace_memory = trace.memory;
+    trace_blocks = trace.blocks;
+    trace_per_block = trace.per_block;
   }
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -18,6 +18,7 @@
 #include "protocol/counters.hpp"
 #include "world/forward_options.hpp"
 #include "world/kernel_facts.hpp"
+#include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
 
 namespace mok::world {
@@ -74,7 +75,7 @@ struct WorldState {
   // The GPU the host reads a pass's reports and trace on: rank 0's, or this
   // process's in a process world (where rank 0 may be another process).
   int report_device() const;
-  size_t trace_count_bytes() const { return align_up(trace_blocks * sizeof(uint32_t), 256); }
+  size_t trace_count_bytes() const { return world::trace_count_bytes(trace_blocks); }
 
   // Allocates rank r's workspace on its GPU, zeroes its counters and barrier
   // words, and fills its view.
