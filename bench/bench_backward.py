@@ -15,7 +15,7 @@ with MOK_BACKWARD=fused and --save the fused backward kernel
 (include/mok/fused_backward.hpp); a per-kernel breakdown of one mok backward
 (torch.profiler) is printed too.
 
-usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save]
+usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save] [--backward staged|fused]
 """
 from __future__ import annotations
 
@@ -71,11 +71,18 @@ def main():
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
     parser.add_argument("--save", action="store_true",
                         help="save mode: the forward keeps gate/up, the backward does not recompute it")
+    parser.add_argument("--backward", choices=("staged", "fused"), default=None,
+                        help="mok's backward (sets MOK_BACKWARD; fused needs --save); default: the autograd's own")
     args = parser.parse_args()
+    if args.backward is not None:
+        if args.backward == "fused" and not args.save:
+            parser.error("--backward fused runs in save mode only: add --save")
+        os.environ["MOK_BACKWARD"] = args.backward
     torch.manual_seed(0)
     peak = dense_peak_tflops()
+    backward = os.environ.get("MOK_BACKWARD", "") or "auto"
     print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s; mok in "
-          f"{'save' if args.save else 'recompute'} mode", flush=True)
+          f"{'save' if args.save else 'recompute'} mode, MOK_BACKWARD={backward}", flush=True)
     shapes = SHAPES[:1] if args.quick else SHAPES
     rows = []
     for name, T, H, I, E, k, shared in shapes:

@@ -24,5 +24,5 @@ TAIL=4 step gtest 120 build/tests/mok_gpu_tests --gtest_filter='FusedBackward*:F
 TAIL=6 step pytest 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_fused_backward.py \
   python/tests/test_backward_gpu.py
 TAIL=16 step cli 90 build/tools/mok_cli --backward --iterations 10
-MOK_BACKWARD=fused TAIL=6 step bench_fused 150 python3 bench/bench_backward.py --quick --save --no-profile
-TAIL=6 step bench_staged 150 python3 bench/bench_backward.py --quick --save --no-profile
+TAIL=6 step bench_fused 150 python3 bench/bench_backward.py --quick --save --no-profile --backward fused
+TAIL=6 step bench_staged 150 python3 bench/bench_backward.py --quick --save --no-profile --backward staged
