@@ -68,15 +68,15 @@ enum class WeightGradOutput : int32_t {
 
 class FusedBackward {
  public:
-  // The layer -- with the forward pass's exact token counts per rank (a
+  // The layer, with the forward pass's exact token counts per rank (a
   // forward run with RankTensors::tokens below the layer's capacity needs a
-  // FusedBackward made for those counts) -- and the forward's options (the same SM split, minibatch and
-  // lookahead rules; ring_slots is replaced: the backward's buffers hold the
-  // whole schedule). comm_ctas_per_rank 0: twice the forward's rule, for the
-  // backward pulls two rows (dout and x) per schedule row. Throws mok::Error for anything this version does not
-  // run (peer or process worlds, device-ordered passes) and for
-  // invalid values, naming the field. Allocates the workspace on the current
-  // GPU.
+  // FusedBackward made for those counts), and the forward's options: the
+  // same SM split, minibatch and lookahead rules; ring_slots is replaced (the
+  // backward's buffers hold the whole schedule); comm_ctas_per_rank 0 means
+  // twice the forward's rule (the backward pulls two rows, dout and x, per
+  // schedule row). Throws mok::Error, naming the field, for what this version
+  // does not run (peer or process worlds, device-ordered passes) and for
+  // invalid values. Allocates the workspace on the current GPU.
   FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {});
   ~FusedBackward();
   FusedBackward(const FusedBackward&) = delete;
