@@ -23,6 +23,7 @@
 #include "mok/weight_grad.hpp"
 #include "protocol/counters.hpp"
 #include "world/backward_kernel.hpp"
+#include "world/backward_layout.hpp"
 #include "world/forward_options.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/trace_memory.hpp"
@@ -41,12 +42,6 @@ using GradCfg = device::PassGemmCfg<BackwardPass>;
 constexpr cuuint32_t kBoxK = GradCfg::kBlockK;
 constexpr cuuint32_t kBoxRows = GradCfg::kBlockM;
 constexpr cuuint32_t kBoxMN = GradCfg::kMNBlock;
-
-// Regions of one rank's workspace (offsets from the workspace's base).
-struct RankRegions {
-  Region dout_rows, x_rows, w_rows, d13_rows, hw_rows, dw_parts, combine, shared_d13, shared_h, shared_dx;
-  Region counters, combine_next, maps, shared_groups;
-};
 
 CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::array<cuuint64_t, 3> dims,
                    std::array<cuuint64_t, 2> strides, std::array<cuuint32_t, 3> box) {
@@ -79,12 +74,7 @@ struct FusedBackward::State {
   FusedForwardOptions options;
   world::KernelFacts kernel;
   world::PassStateLayout pass_state;
-  int64_t row_capacity = 0;  // schedule rows one rank may own (the forward's saved_rows())
-  int64_t buffer_rows = 0;   // rows of each whole-schedule buffer: ring_slots x minibatch_rows >= row_capacity
-  int ring_slots = 0;
-  std::vector<RankRegions> regions;  // [R]
-  std::vector<size_t> rank_offset;   // [R] from `memory`
-  size_t bytes = 0;
+  world::BackwardLayout layout;  // every rank's regions (backward_layout.hpp)
   uint8_t* memory = nullptr;
   uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
   world::TraceMemory trace;  // options.trace_events > 0
@@ -98,48 +88,11 @@ struct FusedBackward::State {
     if (report != nullptr) cudaFree(report);
     if (trace.memory != nullptr) cudaFree(trace.memory);
   }
-  protocol::PassGeometry<BackwardPass> geometry(int r) const {
-    const protocol::PassShape shape{params.tile_m,       params.minibatch_rows, params.ring_slots,
-                                    params.lookahead,    params.hidden,         params.intermediate,
-                                    params.shared_width, params.num_local_experts};
-    return protocol::pass_geometry<BackwardPass>(shape, config.tokens_per_rank[static_cast<size_t>(r)], 0);
-  }
 };
 
 namespace {
 
 constexpr size_t kReportBytes = sizeof(uint32_t) + sizeof(protocol::StallReport);
-
-// Carves rank r's regions, from `offset` on; returns the end.
-size_t carve(const LayerConfig& c, int tile_m, int64_t buffer_rows, const protocol::PassGeometry<BackwardPass>& geometry,
-             int r, size_t offset, RankRegions& g) {
-  auto take = [&](Region& region, size_t bytes) {
-    region.offset = offset;
-    region.bytes = bytes;
-    offset = align_up(offset + bytes, world::kRegionAlignment);
-  };
-  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.intermediate),
-               S = static_cast<size_t>(c.shared_width()), k = static_cast<size_t>(c.top_k);
-  const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
-  const size_t T_pad = align_up(T, static_cast<size_t>(tile_m));
-  const size_t P = static_cast<size_t>(buffer_rows);
-  const size_t parts = (I + GradCfg::kOutCols - 1) / GradCfg::kOutCols;
-  take(g.dout_rows, P * H * 2);
-  take(g.x_rows, P * H * 2);
-  take(g.w_rows, P * 4);
-  take(g.d13_rows, P * 2 * I * 2);
-  take(g.hw_rows, P * I * 2);
-  take(g.dw_parts, T * k * parts * 4);
-  take(g.combine, T * k * H * 2);
-  take(g.shared_d13, T_pad * 2 * S * 2);
-  take(g.shared_h, T_pad * S * 2);
-  take(g.shared_dx, T * H * 2);
-  take(g.counters, protocol::counter_words(geometry) * sizeof(uint32_t));
-  take(g.combine_next, sizeof(uint32_t));
-  take(g.maps, device::kNumBackwardMaps * sizeof(CUtensorMap));
-  take(g.shared_groups, 3 * sizeof(int32_t));  // {0, T} and {T}: the shared expert's one group
-  return offset;
-}
 
 }  // namespace
 
@@ -152,29 +105,14 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   }
   if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
   s.kernel = world::fused_kernel_facts();
-  s.options = world::resolve_options(config, options, s.kernel, world::query_gpus());
-  if (options.comm_ctas_per_rank == 0) {
-    // Two rows (dout and x) per schedule row against the forward's one, for
-    // about twice the FLOPs per row as well; but the finale's weight
-    // gradients read no new rows, so the dispatch must finish within the
-    // pipeline's share of the pass: twice the forward's CTAs (measured on
-    // the DeepSeek-V3 slice, docs/perf-notes.md b5: 4 -> 8 CTAs, 14.5 -> 13.3 ms).
-    s.options.comm_ctas_per_rank = std::min(2 * s.options.comm_ctas_per_rank, s.options.ctas_per_rank / 4);
-    s.options.comm_ctas_per_rank = std::max(s.options.comm_ctas_per_rank, 1);
-  }
+  s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel,
+                                                                               world::query_gpus()),
+                                      s.kernel);
   s.config = config;
   s.pass_state = world::pass_state_layout(config, s.kernel);
-  s.row_capacity = world::schedule_row_capacity(config, s.kernel);
-  // The buffers hold the whole schedule: as many "slots" as its minibatches.
-  const int64_t mb = s.options.minibatch_rows;
-  const int64_t slots = (s.row_capacity + mb - 1) / mb;
-  if (slots * mb > world::kMaxRingRows) {
-    throw Error("FusedBackward: the schedule's " + std::to_string(s.row_capacity) +
-                " rows exceed what one pass's buffers may hold (2^30 rows)");
-  }
-  s.ring_slots = static_cast<int>(slots);
-  s.buffer_rows = slots * mb;
-  s.options.ring_slots = s.ring_slots;
+  s.layout = world::backward_layout(config, s.options, s.kernel);
+  static_assert(device::kNumBackwardMaps == 2 * BackwardPass::kNumKinds,
+                "backward_layout sizes the maps region as two maps per kind");
 
   device::FusedBackwardParams& p = s.params;
   p.world_size = config.world_size;
@@ -187,7 +125,7 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   p.num_local_experts = config.experts_per_rank();
   p.tile_m = s.kernel.tile_m;
   p.minibatch_rows = s.options.minibatch_rows;
-  p.ring_slots = s.ring_slots;
+  p.ring_slots = s.options.ring_slots;
   p.lookahead = s.options.lookahead;
   p.ctas_per_rank = s.options.ctas_per_rank;
   p.comm_ctas_per_rank = s.options.comm_ctas_per_rank;
@@ -204,33 +142,15 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   }
 
   const int R = config.world_size;
-  for (int r = 0; r < R; ++r) {
-    const protocol::PassShape shape{p.tile_m, p.minibatch_rows, p.ring_slots, p.lookahead, p.hidden,
-                                    p.intermediate, p.shared_width, p.num_local_experts};
-    const int64_t tasks = protocol::max_task_count<BackwardPass>(shape, config.tokens_per_rank[static_cast<size_t>(r)],
-                                                                  s.row_capacity);
-    if (tasks > 0x7fffffff) {
-      throw Error("FusedBackward: rank " + std::to_string(r) + "'s pass could have " + std::to_string(tasks) +
-                  " GEMM tasks; tickets are 32-bit (at most 2^31 - 1)");
-    }
-  }
-  s.regions.resize(static_cast<size_t>(R));
-  size_t offset = 0;
-  for (int r = 0; r < R; ++r) {
-    s.rank_offset.push_back(offset);
-    offset += carve(config, s.kernel.tile_m, s.buffer_rows, s.geometry(r), r, 0, s.regions[static_cast<size_t>(r)]);
-    offset = align_up(offset, world::kRegionAlignment);
-  }
-  s.bytes = offset;
-  MOK_CUDA_CHECK(cudaMalloc(&s.memory, s.bytes));
+  MOK_CUDA_CHECK(cudaMalloc(&s.memory, s.layout.bytes));
   MOK_CUDA_CHECK(cudaMalloc(&s.report, kReportBytes));
   MOK_CUDA_CHECK(cudaMemset(s.report, 0, kReportBytes));
   MOK_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   world::allow_backward_kernel_smem();
 
   for (int r = 0; r < R; ++r) {
-    const RankRegions& g = s.regions[static_cast<size_t>(r)];
-    uint8_t* base = s.memory + s.rank_offset[static_cast<size_t>(r)];
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
     device::BackwardRankView& v = p.ranks[r];
     v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
     v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
@@ -245,7 +165,7 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
     v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
     v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
-    v.counters = protocol::carve_counters(s.geometry(r), reinterpret_cast<uint32_t*>(base + g.counters.offset),
+    v.counters = protocol::carve_counters(g.geometry, reinterpret_cast<uint32_t*>(base + g.counters.offset),
                                           s.report, reinterpret_cast<protocol::StallReport*>(s.report + 1));
     const int32_t T = v.tokens;
     const int32_t groups[3] = {0, T, T};
@@ -255,7 +175,7 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
 
 FusedBackward::~FusedBackward() = default;
 
-size_t FusedBackward::workspace_bytes() const { return state_->bytes; }
+size_t FusedBackward::workspace_bytes() const { return state_->layout.bytes; }
 const FusedForwardOptions& FusedBackward::options() const { return state_->options; }
 
 void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream,
@@ -299,7 +219,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   // The maps of every rank (host only: a failure here enqueues nothing).
   const cuuint64_t H = static_cast<cuuint64_t>(c.hidden), I = static_cast<cuuint64_t>(c.intermediate),
                    S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
-  const cuuint64_t P = static_cast<cuuint64_t>(s.buffer_rows);
+  const cuuint64_t P = static_cast<cuuint64_t>(s.layout.buffer_rows);
   const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
   std::vector<std::array<CUtensorMap, device::kNumBackwardMaps>> maps(static_cast<size_t>(R));
   auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<BackwardPass>(kind, operand)); };
@@ -339,8 +259,8 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
     device::BackwardRankView& v = p.ranks[r];
-    const RankRegions& g = s.regions[static_cast<size_t>(r)];
-    uint8_t* base = s.memory + s.rank_offset[static_cast<size_t>(r)];
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
     auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
     v.expert_rows = reinterpret_cast<int32_t*>(state + s.pass_state.expert_rows.offset);
     v.expert_offset = reinterpret_cast<int32_t*>(state + s.pass_state.expert_offset.offset);
@@ -366,8 +286,8 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   for (int r = 0; shared && r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
     const device::BackwardRankView& v = p.ranks[r];
-    const RankRegions& g = s.regions[static_cast<size_t>(r)];
-    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.rank_offset[static_cast<size_t>(r)] +
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.layout.rank_offset[static_cast<size_t>(r)] +
                                                           g.shared_groups.offset);
     WeightGradArgs a;
     a.group_offset = groups;

@@ -1,0 +1,69 @@
+// The fused backward's workspace: the options it runs with (the forward's,
+// resolved, with its own dispatch default and whole-schedule buffers), every
+// rank's regions in one allocation, and the bounds they imply. Plain C++ (no
+// CUDA): tests/cpu/test_backward_layout.cpp checks it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mok/fused_forward.hpp"
+#include "mok/layer_config.hpp"
+#include "protocol/pass_backward.hpp"
+#include "world/kernel_facts.hpp"
+#include "world/workspace_layout.hpp"
+
+namespace mok::world {
+
+// The backward's options from the forward's, already resolved
+// (resolve_options): comm_ctas_per_rank, when the caller left it 0, twice the
+// forward's rule (it pulls two rows, dout and x, per schedule row), at most a
+// quarter of the rank's CTAs; ring_slots, as many minibatches as the largest
+// schedule has (the buffers never wrap). Throws mok::Error when those
+// buffers would pass 2^30 rows. `caller` is what the caller asked for.
+FusedForwardOptions backward_options(const LayerConfig& config, const FusedForwardOptions& caller,
+                                     const FusedForwardOptions& resolved, const KernelFacts& kernel);
+
+// The pass shape the backward's geometry derives from.
+protocol::PassShape backward_shape(const LayerConfig& config, const FusedForwardOptions& options,
+                                   const KernelFacts& kernel);
+
+// One rank's regions, from its base.
+struct BackwardRankLayout {
+  Region dout_rows;      // bf16 [buffer rows, H]
+  Region x_rows;         // bf16 [buffer rows, H]
+  Region w_rows;         // fp32 [buffer rows]
+  Region d13_rows;       // bf16 [buffer rows, 2I]
+  Region hw_rows;        // bf16 [buffer rows, I]
+  Region dw_parts;       // fp32 [T k, parts]
+  Region combine;        // bf16 [T k, H]: dx_j per (token, slot)
+  Region shared_d13;     // bf16 [T rounded up to tile_m, 2S]
+  Region shared_h;       // bf16 [T rounded up to tile_m, S]
+  Region shared_dx;      // bf16 [T, H]
+  Region counters;       // the backward table's counters (counter_words)
+  Region combine_next;   // uint32 [1]
+  Region maps;           // CUtensorMap [2 x the table's kinds]
+  Region shared_groups;  // int32 [3]: the shared expert's one group, {0, T} and {T}
+  size_t bytes = 0;
+  protocol::PassGeometry<protocol::BackwardPass> geometry{};  // without schedule rows: sizes the counters
+};
+
+struct BackwardLayout {
+  int64_t row_capacity = 0;  // schedule rows a rank may own (the forward's saved_rows())
+  int64_t buffer_rows = 0;   // ring_slots x minibatch_rows >= row_capacity
+  int parts = 0;             // n-tiles of I: the router weight's gradient parts per (token, slot)
+  std::vector<BackwardRankLayout> ranks;
+  std::vector<size_t> rank_offset;  // [R] from the allocation's base
+  size_t bytes = 0;                 // the allocation
+};
+
+// Every rank's layout, for `options` = backward_options(...). Throws
+// mok::Error if a rank's pass could have 2^31 GEMM tasks or more.
+BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
+                               const KernelFacts& kernel);
+
+// Every region of a rank's layout, in address order (for the checks).
+std::vector<NamedRegion> regions(const BackwardRankLayout& layout);
+
+}  // namespace mok::world
