@@ -44,6 +44,7 @@ enum class CounterId : uint32_t {
   kD13Ready = 17,        // an m-tile's [da | db] columns are stored
   kDxDone = 18,          // an owner's dx rows are in their home rows
   kSharedD13Ready = 19,  // a token tile's shared [da | db] columns are stored
+  kScheduleOverflow = 20,  // not a counter: a given schedule longer than the pass's buffers (the backward's)
 };
 
 inline const char* counter_name(CounterId id) {
@@ -65,6 +66,7 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kD13Ready: return "d13_ready";
     case CounterId::kDxDone: return "dx_done";
     case CounterId::kSharedD13Ready: return "shared_d13_ready";
+    case CounterId::kScheduleOverflow: return "schedule longer than the buffers";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";
@@ -316,6 +318,21 @@ template <class Sync, class Counters>
 MOK_HD void report_bad_entry(Sync& s, const Counters& c, CounterId why, int32_t rank, int32_t entry,
                              uint32_t observed) {
   record_stall(s, c.abort_view(), why, rank, rank, entry, 0u, observed);
+}
+
+// A pass over a given schedule (schedule_given) whose buffers must hold all
+// of it (needs_whole_schedule) finds it longer than they are -- a schedule
+// from a forward of another layer or other token counts: recorded like a
+// stall (observed = its padded rows, target = the rows the buffers hold) and
+// the pass aborts before any row moves.
+MOK_EXEC_CHECK_DISABLE
+template <class Sync, class Pass>
+MOK_HD bool require_schedule_fits(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t rank) {
+  if (buffers_hold_schedule(g)) return true;
+  record_stall(s, c.abort_view(), CounterId::kScheduleOverflow, rank, rank, 0,
+               static_cast<uint32_t>(g.ring_slots) * static_cast<uint32_t>(g.minibatch_rows),
+               static_cast<uint32_t>(g.padded_rows));
+  return false;
 }
 
 // ---- GEMM task tickets ------------------------------------------------------

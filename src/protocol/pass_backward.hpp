@@ -1,13 +1,15 @@
 // The backward pass of one rank, as a table (docs/backward-design.md explains
-// the dataflow; the vocabulary is pass_table.hpp's). Only the table exists:
-// no kernel runs it yet. Its ticket order is checked against its waits on the
-// CPU (tests/cpu/test_pass_protocol.cpp), as the forward's is, and its
-// structure at compile time (pass_table_is_consistent).
+// the dataflow; the vocabulary is pass_table.hpp's). The fused backward
+// kernel runs it (src/device/kernel/fused_backward_kernel.cuh). Its ticket
+// order is checked against its waits on the CPU
+// (tests/cpu/test_pass_protocol.cpp), as the forward's is, and its structure
+// at compile time (pass_table_is_consistent).
 //
 //   kind                 rows      A            B (major)         K        out              waits                 signals
 //   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13, h    -                     shared_d13_ready
 //   shared dx            tokens    shared d13   shared W13 (MN)   2S       shared dx        shared_d13_ready      shared_done
-//   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows (...)   rows_filled           d13_ready, expert_rows_done
+//   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows, w*h    rows_filled           d13_ready, expert_rows_done
+//                                                                           (and <g,h> parts to the home (t, j))
 //   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       home rows        d13_ready             dx_done
 //   dW13[e] tile         expert    d13 rows^T   x rows (MN)       rows(e)  fp32 dW13[e]     expert_rows_done[e]   -
 //   dW2[e] tile          expert    dout rows^T  w*h rows (MN)     rows(e)  fp32 dW2[e]      expert_rows_done[e]   -
@@ -17,14 +19,16 @@
 //     pass: the weight gradients read every row of an expert), then signals
 //     rows_filled; it waits for nothing.
 //   combine (home rank): waits for shared_done and every owner's dx_done, then
-//     dx = shared dx + sum_j dx_j in slot order.
+//     dx = shared dx + sum_j dx_j in slot order, and dweights from the parts
+//     in n-tile order.
 //
 // Ticket order: the shared expert's kinds, then the pipeline (each step: dx of
-// minibatch m - L, then g of minibatch m), then the finale: expert by expert,
-// its dW13 tiles, then its dW2 tiles.
+// minibatch m - L, n-tile major, then g of minibatch m), then the finale:
+// expert by expert, its dW13 tiles, then its dW2 tiles.
 // The buffers never wrap: the host gives this pass as many "ring" slots as
 // the largest schedule has minibatches, so every generation is 0. The shared
-// expert's weight gradients are not in this table yet (design, open questions).
+// expert's weight gradients are not in this table yet (the host runs them as
+// a standalone kernel after the pass).
 #pragma once
 
 #include <cstdint>

@@ -478,7 +478,8 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
 // GEMM workers take tickets 0, 1, 2, ... from one counter. The order is the
 // prologue's kinds (every task of each, m-tile major), then the pipeline:
 // step s = 0, 1, ... emits, for each entry in order, the tasks of its kind for
-// minibatch s - lag (m-tile major) when that minibatch exists. It must be a
+// minibatch s - lag (m-tile major, or n-tile major for an n_major entry) when
+// that minibatch exists. It must be a
 // topological order of the table's waits: every task waits only on tasks
 // with smaller tickets, or on dispatch work that itself waits only on such
 // tasks. With every worker resident (persistent grid), the smallest
@@ -544,7 +545,7 @@ MOK_HD int64_t max_task_count(const PassShape& s, int32_t tokens, int64_t max_sc
 }
 
 namespace detail {
-// Tasks of one pipeline entry's block for minibatch mb (m-tile major), or
+// Tasks of one pipeline entry's block for minibatch mb (in its order), or
 // false with `ticket` reduced by the block's size.
 template <class Pass>
 MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, PipelineEntry entry, int32_t mb, int32_t& ticket,
@@ -553,9 +554,9 @@ MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, PipelineEntry entry, int
   const int32_t m = g.tiles_in_minibatch(mb);
   const int32_t size = m * n;
   if (ticket < size) {
-    const int32_t m_in_block = entry.n_major ? ticket % m : ticket / n;
-    const int32_t n_tile = entry.n_major ? ticket / m : ticket % n;
-    task = {entry.kind, mb, mb * g.tiles_per_minibatch() + m_in_block, n_tile};
+    // (m-tile in the block, n-tile): n-tile major, or m-tile major.
+    task = {entry.kind, mb, mb * g.tiles_per_minibatch() + (entry.n_major ? ticket % m : ticket / n),
+            entry.n_major ? ticket / m : ticket % n};
     return true;
   }
   ticket -= size;

@@ -248,6 +248,41 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     }
   }
 
+  // The shared expert's weight gradients, run after the fused kernel over
+  // each rank's own tokens from what it leaves in the workspace ([da | db]
+  // and h), and checked here, before anything is enqueued.
+  std::vector<WeightGradArgs> shared_grads;
+  for (int r = 0; shared && r < R; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+    const device::BackwardRankView& v = s.params.ranks[r];
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.layout.rank_offset[static_cast<size_t>(r)] +
+                                                          g.shared_groups.offset);
+    WeightGradArgs a;
+    a.group_offset = groups;
+    a.group_rows = groups + 2;
+    a.num_groups = 1;
+    a.m_total = v.tokens;
+    a.accumulate = accumulate;
+    auto out = [&](void* to) {
+      a.out = bf16_grads ? nullptr : static_cast<float*>(to);
+      a.out_bf16 = bf16_grads ? to : nullptr;
+    };
+    a.a = v.shared_d13;  // dW13 = [da | db]^T x
+    a.b = t.x;
+    out(t.dshared_w13);
+    a.m = 2 * static_cast<int64_t>(S);
+    a.n = static_cast<int64_t>(H);
+    shared_grads.push_back(a);
+    a.a = t.dout;  // dW2 = dout^T h
+    a.b = v.shared_h;
+    out(t.dshared_w2);
+    a.m = static_cast<int64_t>(H);
+    a.n = static_cast<int64_t>(S);
+    shared_grads.push_back(a);
+  }
+  for (const WeightGradArgs& a : shared_grads) validate_weight_grad(a);
+
   // The pass: after the previous one (which used the same workspace).
   cudaStream_t st = stream;
   if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
@@ -280,38 +315,8 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, st));
   }
   world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
-
-  // The shared expert's weight gradients: over the rank's own tokens, from
-  // what the fused pass left in the workspace (its [da | db] and h).
-  for (int r = 0; shared && r < R; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const device::BackwardRankView& v = p.ranks[r];
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.layout.rank_offset[static_cast<size_t>(r)] +
-                                                          g.shared_groups.offset);
-    WeightGradArgs a;
-    a.group_offset = groups;
-    a.group_rows = groups + 2;
-    a.num_groups = 1;
-    a.m_total = v.tokens;
-    a.accumulate = accumulate;
-    auto out = [&](void* p) {
-      a.out = bf16_grads ? nullptr : static_cast<float*>(p);
-      a.out_bf16 = bf16_grads ? p : nullptr;
-    };
-    a.a = v.shared_d13;  // dW13 = [da | db]^T x
-    a.b = t.x;
-    out(t.dshared_w13);
-    a.m = 2 * static_cast<int64_t>(S);
-    a.n = static_cast<int64_t>(H);
-    grouped_weight_grad(a, st);
-    a.a = t.dout;  // dW2 = dout^T h
-    a.b = v.shared_h;
-    out(t.dshared_w2);
-    a.m = static_cast<int64_t>(H);
-    a.n = static_cast<int64_t>(S);
-    grouped_weight_grad(a, st);
-  }
+  // The shared expert's weight gradients (checked before the launch).
+  for (const WeightGradArgs& a : shared_grads) grouped_weight_grad(a, st);
   MOK_CUDA_CHECK(cudaEventRecord(s.done, st));
   s.recorded = true;
 }
@@ -329,6 +334,12 @@ void FusedBackward::check(CUstream_st* stream) {
   protocol::StallReport stall;
   static_assert(sizeof(stall) == kReportBytes - sizeof(uint32_t));
   std::memcpy(&stall, words + 1, sizeof(stall));
+  if (static_cast<protocol::CounterId>(stall.counter) == protocol::CounterId::kScheduleOverflow) {
+    throw Error("fused backward: rank " + std::to_string(stall.waiter) + "'s schedule (its pass state) has " +
+                std::to_string(stall.observed) + " padded rows, more than the " + std::to_string(stall.target) +
+                " this FusedBackward's buffers hold: it comes from a forward of another layer or other token "
+                "counts (make the FusedBackward for the forward pass's exact token counts)");
+  }
   throw Error(std::string("fused backward: the pass aborted: rank ") + std::to_string(stall.waiter) +
               " waited on " + protocol::counter_name(static_cast<protocol::CounterId>(stall.counter)) + "[" +
               std::to_string(stall.index) + "] of rank " + std::to_string(stall.owner) + " for " +

@@ -77,7 +77,7 @@ struct FusedBackwardParams {
   int32_t accumulate;        // nonzero: weight-gradient tiles are added to the caller's fp32 buffers
   int32_t weight_grad_bf16;  // nonzero: weight-gradient tiles are rounded once to bf16
   uint64_t timeout_ns;
-  // The pass trace (unused by this version: null).
+  // The pass trace (include/mok/pass_trace.hpp); null when tracing is off.
   TraceEvent* trace;
   uint32_t* trace_count;
   uint32_t trace_capacity;

@@ -13,6 +13,7 @@
 
 #include "device/kernel/bf16x8.cuh"
 #include "device/roles/combine_role.cuh"
+#include "device/roles/gemm_role.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/trace/trace_record.cuh"
 
@@ -47,7 +48,9 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, bool tracer) {
   const int k = ctx.params.top_k;
   const int64_t H = ctx.params.hidden;
   const bool has_shared = ctx.params.shared_width > 0;
-  const int parts = (ctx.params.intermediate + PassGemmCfg<Pass>::kOutCols - 1) / PassGemmCfg<Pass>::kOutCols;
+  // The g tasks' n-tiles: one part per n-tile (gemm_consumer.cuh writes them).
+  using GradCfg = KindConfig<protocol::KindSpec<Pass, Pass::kGrad>>;
+  const int parts = (ctx.params.intermediate + GradCfg::kOutCols - 1) / GradCfg::kOutCols;
   // Tokens are claimed one at a time from the rank's counter, not dealt out
   // by warp index: the dispatch warps, idle from the end of the dispatch, do
   // most of the work while the GEMM warps still run the weight gradients, and

@@ -26,6 +26,9 @@ __device__ __forceinline__ bool backward_dispatch(Ctx& ctx, DispatchShared& smem
   if (lane == 0) begin_copy_warp(smem, warp);
   const auto& v = ctx.view();
   const protocol::PassGeometry<Pass> g = ctx.geometry(ctx.padded_rows());
+  // A schedule longer than the buffers (a forward of other token counts)
+  // moves no row; the fetchers see it too and end their task lists.
+  if (!protocol::require_schedule_fits(ctx.sync, v.counters, g, ctx.rank)) return false;
   const int64_t H = ctx.params.hidden;
   const int top_k = ctx.params.top_k;
   const uint32_t row_bytes = static_cast<uint32_t>(H) * 2u;

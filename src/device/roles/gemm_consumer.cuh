@@ -185,7 +185,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
           if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
             using Cfg = KindConfig<Spec>;
             mma_weight_grad_tile<Cfg>(reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, consumer,
-                                      weight_grad_tile_of<Spec>(task, shape), acc, kBarrierWeightGradClear,
+                                      weight_grad_tile_of<Spec>(task, shape), acc, kBarrierFusedWeightGradClear,
                                       on_stall);
           }
         });

@@ -58,6 +58,7 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
       }
       if (ok) {
         g = ctx.geometry(ctx.padded_rows());
+        if constexpr (protocol::schedule_given<Pass>()) ok = protocol::require_schedule_fits(ctx.sync, v.counters, g, ctx.rank);
         for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
         for (int e = 0; e < ctx.params.num_local_experts; ++e) smem.expert_rows[e] = __ldcg(&v.expert_rows[e]);
       }

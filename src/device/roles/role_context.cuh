@@ -17,7 +17,7 @@ namespace mok::device {
 // Named barriers of the fused kernel (0 is __syncthreads).
 enum NamedBarrier : int {
   kBarrierDispatch = 1,        // the copy warps of a dispatch CTA
-  kBarrierWeightGradClear = 2, // the consumer warpgroups of a GEMM CTA, around a weight-gradient tile's row clearing
+  kBarrierFusedWeightGradClear = 2, // the consumer warpgroups of a GEMM CTA, around a weight-gradient tile's row clearing
 };
 
 // Warps per dispatch CTA, every one of which builds a share of the schedule
