@@ -602,6 +602,32 @@ TEST(FusedBackward, AWaitPastItsTimeoutIsAnErrorNamingItsCounterNotAHang) {
   expect_matches_reference(p, run_backward(patient, p, saved, out));
 }
 
+// A pass state from a forward of more tokens than the FusedBackward was made
+// for holds a longer schedule than its buffers: the pass stops with an error
+// that says so, before it moves a row (it used to write past the buffers).
+TEST(FusedBackward, AScheduleLongerThanItsBuffersIsAnErrorNotAnOverrun) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(256, 128, 8, 4, 1, {2000, 1500});
+  const Problem p = make_problem(config, RoutingMode::kUniform, 67);
+  mok::FusedForwardOptions small_minibatch;
+  small_minibatch.minibatch_rows = 128;
+  const SavedPass saved = run_training_forward(p, small_minibatch);
+  // Made for far fewer tokens: its buffers hold ~1.5k schedule rows a rank,
+  // the forward's schedules ~7k.
+  const auto fewer = layer_config(256, 128, 8, 4, 1, {60, 40});
+  mok::FusedBackward backward(fewer, small_minibatch);
+  const Outputs out(fewer);
+  out.poison();
+  backward.run(backward_tensors(p, saved, out));
+  try {
+    backward.check();
+    ADD_FAILURE() << "a schedule longer than the buffers ran";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token counts"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   MOK_REQUIRE_HOPPER();
   // Worlds and pass orders this version does not run, refused at construction
