@@ -161,17 +161,36 @@ MOK_HD void record_stall(Sync& sync, AbortView waiter_view, CounterId id, int32_
   sync.store_release(waiter_view.abort, 1u);
 }
 
+// When a wait gives up.
+enum class Deadline : int32_t {
+  kFromStart,     // timeout after the wait began
+  kFromProgress,  // timeout after the counter last moved: for a wait on a
+                  // whole pass's tasks (the backward's combine waits from
+                  // the kernel's start for every dx_j of every owner), which
+                  // a long but healthy pass must not turn into a stall
+};
+
 // Spins until *counter >= target. Returns false when the pass is aborting:
 // another wait timed out, or this one did (then it records the stall first).
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
+template <Deadline kDeadline = Deadline::kFromStart, class Sync>
 MOK_HD bool wait_at_least(Sync& sync, AbortView waiter_view, const uint32_t* counter, uint32_t target, CounterId id,
                           int32_t waiter, int32_t owner, int32_t index) {
   auto clock = sync.start_clock();
+  [[maybe_unused]] uint32_t last = 0;
+  if constexpr (kDeadline == Deadline::kFromProgress) last = sync.load_acquire(counter);
   for (;;) {
     const uint32_t observed = sync.load_acquire(counter);
     if (observed >= target) return true;
     if (sync.load_relaxed(waiter_view.abort) != 0) return false;
+    if constexpr (kDeadline == Deadline::kFromProgress) {
+      if (observed != last) {
+        last = observed;
+        clock = sync.start_clock();
+        sync.pause();
+        continue;
+      }
+    }
     if (sync.expired(clock)) {
       record_stall(sync, waiter_view, id, waiter, owner, index, target, observed);
       return false;
@@ -209,7 +228,7 @@ MOK_HD void require_expert(const PassGeometry<Pass>& g, const ExpertOfWork& of) 
 // for `w` on `owner`'s counters (its own, or a peer's polled over NVLink; no
 // remote atomics) laid out by `owner_geometry`.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync, class Pass>
+template <Deadline kDeadline = Deadline::kFromStart, class Sync, class Pass>
 MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& owner_counters,
                          const PassGeometry<Pass>& owner_geometry, CounterWait w, int32_t minibatch, int32_t m_tile,
                          int32_t waiter_rank, int32_t owner_rank, ExpertOfWork of = {}) {
@@ -219,7 +238,7 @@ MOK_HD bool wait_counter(Sync& s, AbortView waiter, const PassCounters<Pass>& ow
     if constexpr (spec.span == Span::kExpert) require_expert(owner_geometry, of);
     const int32_t index = counter_index(owner_geometry, spec.span, minibatch, m_tile, of.expert);
     const uint32_t generation = span_cycles(spec.span) ? owner_geometry.generation_of(minibatch) : 0u;
-    ok = wait_at_least(s, waiter, owner_counters.counter[C] + index,
+    ok = wait_at_least<kDeadline>(s, waiter, owner_counters.counter[C] + index,
                        wait_target(owner_geometry, w, generation, of.schedule_m_tiles),
                        static_cast<CounterId>(spec.report_id), waiter_rank, owner_rank, index);
   });

@@ -30,14 +30,17 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, bool tracer) {
   if (lane == 0) {
     constexpr protocol::CounterWait shared_done = Pass::Combine::value.waits[0];
     constexpr protocol::CounterWait dx_done = Pass::Combine::value.waits[1];
-    ok = protocol::wait_counter(ctx.sync, v.counters.abort_view(), v.counters, ctx.geometry(0), shared_done, 0, 0,
-                                ctx.rank, ctx.rank);
+    // These warps may wait from the kernel's start to the end of every
+    // owner's pipeline: the deadline counts from the counter's last move.
+    constexpr auto kFromProgress = protocol::Deadline::kFromProgress;
+    ok = protocol::wait_counter<kFromProgress>(ctx.sync, v.counters.abort_view(), v.counters, ctx.geometry(0),
+                                               shared_done, 0, 0, ctx.rank, ctx.rank);
     for (int owner = 0; ok && owner < ctx.params.world_size; ++owner) {
       const auto& o = ctx.params.ranks[owner];
       Ctx owner_ctx{ctx.params, owner, ctx.sync};
       const int32_t padded = __ldcg(&o.expert_offset[ctx.params.num_local_experts]);
-      ok = protocol::wait_counter(ctx.sync, v.counters.abort_view(), o.counters, owner_ctx.geometry(padded), dx_done,
-                                  0, 0, ctx.rank, owner);
+      ok = protocol::wait_counter<kFromProgress>(ctx.sync, v.counters.abort_view(), o.counters,
+                                                 owner_ctx.geometry(padded), dx_done, 0, 0, ctx.rank, owner);
     }
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
