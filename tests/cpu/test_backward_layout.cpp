@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hopper_kernel_facts.hpp"
+#include "layout_checks.hpp"
 #include "mok/error.hpp"
 #include "mok/presets.hpp"
 #include "protocol/counters.hpp"
@@ -81,16 +82,7 @@ TEST(BackwardLayout, RegionsAreAlignedDisjointAndInsideTheAllocation) {
       SCOPED_TRACE(testing::Message() << "rank " << r);
       EXPECT_EQ(L.rank_offset[r] % mok::world::kRegionAlignment, 0u);
       EXPECT_GE(L.rank_offset[r], rank_end) << "overlaps the rank before it";
-      auto all = mok::world::regions(L.ranks[r]);
-      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.region.offset < b.region.offset; });
-      size_t end = 0;
-      for (const auto& named : all) {
-        SCOPED_TRACE(named.name);
-        EXPECT_EQ(named.region.offset % mok::world::kRegionAlignment, 0u);
-        EXPECT_GE(named.region.offset, end) << "overlaps the region before it";
-        end = named.region.end();
-      }
-      EXPECT_LE(end, L.ranks[r].bytes);
+      mok::test_support::expect_aligned_disjoint_and_inside(mok::world::regions(L.ranks[r]), L.ranks[r].bytes);
       rank_end = L.rank_offset[r] + L.ranks[r].bytes;
     }
     EXPECT_LE(rank_end, L.bytes);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hopper_kernel_facts.hpp"
+#include "layout_checks.hpp"
 #include "mok/error.hpp"
 #include "mok/presets.hpp"
 #include "mok/row_source.hpp"
@@ -34,17 +35,7 @@ mok::FusedForwardOptions ring(int minibatch_rows, int ring_slots, int comm_ctas)
 }
 
 void expect_aligned_disjoint_and_inside(const mok::world::RankLayout& layout) {
-  auto all = mok::world::regions(layout);
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.region.offset < b.region.offset; });
-  size_t end = 0;
-  for (const auto& named : all) {
-    SCOPED_TRACE(named.name);
-    EXPECT_EQ(named.region.offset % mok::world::kRegionAlignment, 0u);
-    EXPECT_GE(named.region.offset, end) << "overlaps the region before it";
-    end = named.region.end();
-  }
-  EXPECT_LE(end, layout.bytes);
-  EXPECT_EQ(layout.bytes % mok::world::kRegionAlignment, 0u);
+  mok::test_support::expect_aligned_disjoint_and_inside(mok::world::regions(layout), layout.bytes);
 }
 
 TEST(WorkspaceLayout, RegionsAreAlignedDisjointAndInsideTheAllocation) {

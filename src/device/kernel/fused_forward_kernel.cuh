@@ -31,12 +31,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams params) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_dynamic_smem(smem_raw);
-  const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
-  const int cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
-  if (launch_rank >= params.launch_ranks) return;  // SMs left over by the partition
-  if (threadIdx.x == 0) trace_begin_block();
-  __syncthreads();
-  const int rank = params.first_rank + launch_rank;
+  RankBlock block;
+  if (!start_rank_block(params, block)) return;  // SMs left over by the partition
+  const int rank = block.rank, cta = block.cta;
 
   RoleContext<kScope, kTraining> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;

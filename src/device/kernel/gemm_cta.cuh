@@ -18,6 +18,7 @@
 #include "device/roles/gemm_row_resolver.cuh"
 #include "device/roles/gemm_signaler.cuh"
 #include "device/roles/schedule_role.cuh"
+#include "device/trace/trace_record.cuh"
 
 namespace mok::device {
 
@@ -49,6 +50,25 @@ static_assert(fused_smem_bytes() + kStaticSharedBytes <= 232448,
 // swizzle needs the stages on 1 KB boundaries).
 __device__ __forceinline__ uint8_t* aligned_dynamic_smem(uint8_t* raw) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~static_cast<uintptr_t>(1023));
+}
+
+// Which rank and which of its CTAs a block of a fused kernel serves (block b:
+// rank first_rank + b / ctas_per_rank); false for a block past the
+// partition's ranks (SMs it leaves over), which must return at once. Starts
+// the block's trace cursor; every thread of the block calls it.
+struct RankBlock {
+  int rank;
+  int cta;
+};
+template <class Params>
+__device__ __forceinline__ bool start_rank_block(const Params& params, RankBlock& block) {
+  const int launch_rank = static_cast<int>(blockIdx.x) / params.ctas_per_rank;
+  block.cta = static_cast<int>(blockIdx.x) % params.ctas_per_rank;
+  if (launch_rank >= params.launch_ranks) return false;
+  if (threadIdx.x == 0) trace_begin_block();
+  __syncthreads();
+  block.rank = params.first_rank + launch_rank;
+  return true;
 }
 
 // Every thread of a GEMM CTA: sets up its barriers, runs its role. Returns
