@@ -11,7 +11,7 @@ namespace mok {
 enum class EpilogueKind : int32_t {
   kPlain = 0,   // out[m, n] = sum_k A[m, k] * B[n, k], rounded to bf16
   kSwiGLU = 1,  // out[m, n] = silu(gate) * up: B holds gate rows then up rows (w13), half the columns out
-  // The backward's (docs/backward-design.md; no device epilogue exists yet):
+  // The backward's (docs/backward-design.md):
   kSwiGLUBackward = 2,  // acc = g: writes [da | db], w * h and <g, h> parts from the saved gate/up
   kWeightGrad = 3,      // fp32 tile of a weight gradient, stored or added to the caller's buffer
   // The FP8 forward's gate/up (docs/fp8-forward-design.md, section 3): h =
@@ -19,6 +19,10 @@ enum class EpilogueKind : int32_t {
   // of a row. Its tile splits N between the consumer warpgroups (0: the 128
   // gate rows, 1: the 128 up rows) so that one tile sees a whole scale block.
   kSwiGLUQuantize = 4,
+  // The backward's recompute mode (docs/backward-design.md): the gate/up
+  // GEMM keeps its raw accumulators, [gate | up] rounded once to bf16 (what
+  // the forward's training mode saves), instead of h. No device epilogue yet.
+  kGateUpPreact = 5,
 };
 
 // Operand element type. Each type has its own wgmma instruction and K step:
@@ -51,7 +55,8 @@ struct GemmTileShape {
   constexpr int32_t out_cols() const { return gate_up() ? block_n / 2 : block_n; }
   // B holds gate rows then up rows (w13): half the columns come out.
   constexpr bool gate_up() const {
-    return epilogue == EpilogueKind::kSwiGLU || epilogue == EpilogueKind::kSwiGLUQuantize;
+    return epilogue == EpilogueKind::kSwiGLU || epilogue == EpilogueKind::kSwiGLUQuantize ||
+           epilogue == EpilogueKind::kGateUpPreact;
   }
   // The consumer warpgroups share the tile's rows and split its N (64 rows a
   // tile) instead of splitting its rows (64 per warpgroup, sharing N).

@@ -45,6 +45,8 @@ enum class CounterId : uint32_t {
   kDxDone = 18,          // an owner's dx rows are in their home rows
   kSharedD13Ready = 19,  // a token tile's shared [da | db] columns are stored
   kScheduleOverflow = 20,  // not a counter: a given schedule longer than the pass's buffers (the backward's)
+  kPreactReady = 21,       // recompute mode: an m-tile's [gate | up] columns are stored
+  kSharedPreactReady = 22, // recompute mode: a token tile's shared [gate | up] columns are stored
 };
 
 inline const char* counter_name(CounterId id) {
@@ -67,6 +69,8 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kDxDone: return "dx_done";
     case CounterId::kSharedD13Ready: return "shared_d13_ready";
     case CounterId::kScheduleOverflow: return "schedule longer than the buffers";
+    case CounterId::kPreactReady: return "preact_ready";
+    case CounterId::kSharedPreactReady: return "shared_preact_ready";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";

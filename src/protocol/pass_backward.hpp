@@ -71,14 +71,14 @@ struct BackwardPass {
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
       // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
       {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH},
+       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH, Tensor::kSharedPreact},
       // kSharedDx
       {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
        Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
       // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
       {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
        Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
-       Tensor::kHwRows},
+       Tensor::kHwRows, Tensor::kPreactRows},
       // kDx: dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
       {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
        Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
@@ -117,6 +117,96 @@ struct BackwardPass {
 };
 
 static_assert(pass_table_is_consistent<BackwardPass>(), "the backward's table breaks a rule of pass_table.hpp");
+
+// The backward in recompute mode (table only: no kernel runs it yet; its
+// order and dataflow are checked on the CPU). The forward kept nothing but
+// its schedule: the pre-activations are recomputed from the pulled x rows
+// (and the shared expert's from x) by a gate/up GEMM that keeps [gate | up]
+// instead of h, before the g tasks that read them.
+//
+//   kind                 rows      A         B (major)       K   out              waits                 signals
+//   shared recompute     tokens    x         shared W13 (K)  H   shared preact    -                     shared_preact_ready
+//   shared g + SwiGLU'   tokens    dout      shared W2 (MN)  H   shared d13, h    shared_preact_ready   shared_d13_ready
+//   recompute            schedule  x rows    W13[e] (K)      H   preact rows      rows_filled           preact_ready
+//   g + SwiGLU'          schedule  dout rows W2[e] (MN)      H   d13 rows, w*h    preact_ready          d13_ready, expert_rows_done
+//   (shared dx, dx_j, dW13, dW2 as in save mode)
+//
+// g(m) waits for preact_ready(m) only: recompute(m) waited for rows_filled(m),
+// which the dispatch raised once both the dout and the x rows were in. Each
+// pipeline step issues dx(m - L), then recompute(m), then g(m): g(m) waits for
+// tasks earlier in the same step.
+inline constexpr GemmTileShape kBackwardRecomputeTile{128, 256, EpilogueKind::kGateUpPreact};
+
+struct BackwardRecomputePass {
+  enum Kind : int32_t {
+    kSharedRecompute, kSharedGrad, kSharedDx, kRecompute, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds
+  };
+  enum Counter : int32_t {
+    kRowsFilled, kPreactReady, kD13Ready, kExpertRowsDone, kSharedPreactReady, kSharedD13Ready, kSharedDone,
+    kDxDone, kNumCounters
+  };
+
+  static constexpr CounterSpec kCounters[kNumCounters] = {
+      {static_cast<uint32_t>(CounterId::kRowsFilled), Span::kRingTile, true},
+      {static_cast<uint32_t>(CounterId::kPreactReady), Span::kRingTile, false},
+      {static_cast<uint32_t>(CounterId::kD13Ready), Span::kRingTile, false},
+      {static_cast<uint32_t>(CounterId::kExpertRowsDone), Span::kExpert, false},
+      {static_cast<uint32_t>(CounterId::kSharedPreactReady), Span::kTokenTile, false},
+      {static_cast<uint32_t>(CounterId::kSharedD13Ready), Span::kTokenTile, false},
+      {static_cast<uint32_t>(CounterId::kSharedDone), Span::kWhole, false},
+      {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
+  };
+
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      // kSharedRecompute: [gate | up] = x . shared W13^T, kept.
+      {kBackwardRecomputeTile, Tensor::kX, Tensor::kSharedW13, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
+       Tensor::kSharedPreact, {}, {{kSharedPreactReady}}},
+      // kSharedGrad
+      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
+       Tensor::kSharedD13, {{kSharedPreactReady, Await::kReady}}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH,
+       Tensor::kSharedPreact},
+      // kSharedDx
+      {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
+       Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
+      // kRecompute: [gate | up] of the schedule's rows, kept by schedule row.
+      {kBackwardRecomputeTile, Tensor::kXRows, Tensor::kW13, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
+       Tensor::kPreactRows, {{kRowsFilled, Await::kReady}}, {{kPreactReady}}},
+      // kGrad
+      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
+       Tensor::kD13Rows, {{kPreactReady, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
+       Tensor::kHwRows, Tensor::kPreactRows},
+      // kDx
+      {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
+       Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
+      // kWeightGrad13
+      {kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
+       Tensor::kWeightGrad13, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
+      // kWeightGrad2
+      {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate, Rows::kExpert,
+       Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
+  };
+
+  static constexpr bool kWholeSchedule = true;
+  static constexpr bool kScheduleGiven = true;
+  static constexpr bool kMapPerOperand = true;
+
+  static constexpr int32_t kPrologue[] = {kSharedRecompute, kSharedGrad, kSharedDx};
+  static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kRecompute, false}, {kGrad, false}};
+  static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
+
+  struct Dispatch {
+    static constexpr RoleSpec value = {{}, {{kRowsFilled}}, {Tensor::kDoutRows, Tensor::kXRows}};
+  };
+  struct Combine {
+    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}},
+                                       {},
+                                       {},
+                                       {Tensor::kHomeCombine, Tensor::kSharedDx}};
+  };
+};
+
+static_assert(pass_table_is_consistent<BackwardRecomputePass>(),
+              "the backward's recompute table breaks a rule of pass_table.hpp");
 
 using BackwardGeometry = PassGeometry<BackwardPass>;
 

@@ -67,6 +67,8 @@ enum class Tensor : int32_t {
   kSharedDx = 15,         // bf16 [T, H]: the shared expert's part of dx
   kWeightGrad13 = 16,     // fp32 [El, 2I, H]: dW13 of the rank's experts
   kWeightGrad2 = 18,      // fp32 [El, H, I]: dW2
+  kPreactRows = 20,       // bf16 [P, 2I]: [gate | up] of every schedule row (saved by the forward, or recomputed)
+  kSharedPreact = 21,     // bf16 [T, 2S]: the shared expert's [gate | up] (saved, or recomputed)
 };
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) {
@@ -134,6 +136,8 @@ struct TaskKindSpec {
   CounterSignal signals[kMaxSignals];  // raised once the task's outputs are visible
   Dim m = Dim::kNone;                  // Rows::kExpert: the output's rows (a weight's rows)
   Tensor also_out = Tensor::kNoTensor; // a second output the epilogue writes, row for row with `out`
+  Tensor also_in = Tensor::kNoTensor;  // an input the epilogue reads, row for row with A (the SwiGLU
+                                       // backward's pre-activations)
 };
 
 // The waits and signals of a role that is not a GEMM task (dispatch of one

@@ -6,7 +6,8 @@
 // generation, is reported. So a table whose waits do not cover what its kinds
 // read fails here, whatever its ticket order -- the dataflow half of what
 // test_pass_protocol.cpp checks of the order. Run on the forward's and the
-// backward's tables (the backward has no kernel yet: this is its design's check).
+// backward's tables, and on the backward's recompute-mode table (which has no
+// kernel yet: this is its design's check).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -202,9 +203,13 @@ class DataflowModel {
       if (spec.rows == Rows::kTokens) {
         if (row >= tokens_) break;
         expect_complete(spec.a, row, row, who);
+        if (spec.also_in != Tensor::kNoTensor) expect_complete(spec.also_in, row, row, who + " (epilogue)");
         for (Tensor out : {spec.out, spec.also_out}) write(out, row, row, t.n_tile);
       } else {
         expect_complete(spec.a, slot_of_row(spec.a, row), row, who);
+        if (spec.also_in != Tensor::kNoTensor) {
+          expect_complete(spec.also_in, slot_of_row(spec.also_in, row), row, who + " (epilogue)");
+        }
         for (Tensor out : {spec.out, spec.also_out}) {
           if (out != Tensor::kNoTensor) write(out, slot_of_row(out, row), row, t.n_tile);
         }
@@ -262,13 +267,14 @@ ForwardGeometry forward_geometry_for(int minibatch_tiles, int ring_slots, int lo
                           m_tiles * 4);
 }
 
-BackwardGeometry backward_geometry_for(int minibatch_tiles, int lookahead, int tokens,
-                                       const std::vector<int32_t>& first) {
+template <class P = BackwardPass>
+PassGeometry<P> backward_geometry_for(int minibatch_tiles, int lookahead, int tokens,
+                                      const std::vector<int32_t>& first) {
   PassShape shape{4, 4 * minibatch_tiles, 1, lookahead, 512, 384, 256};
   shape.local_experts = static_cast<int32_t>(first.size()) - 1;
   // The backward's buffers hold the whole schedule: a slot per minibatch.
   shape.ring_slots = std::max(1, (first.back() + minibatch_tiles - 1) / minibatch_tiles);
-  return pass_geometry<BackwardPass>(shape, tokens, first.back() * 4);
+  return pass_geometry<P>(shape, tokens, first.back() * 4);
 }
 
 TEST(PassDataflow, TheForwardTableReadsOnlyCompleteRows) {
@@ -291,6 +297,21 @@ TEST(PassDataflow, TheBackwardTableReadsOnlyCompleteRows) {
         SCOPED_TRACE(testing::Message() << "lookahead=" << lookahead << " minibatch_tiles=" << minibatch_tiles
                                         << " experts=" << first.size() - 1);
         run_clean(backward_geometry_for(minibatch_tiles, lookahead, 10, first), first, 10, ModelOptions{});
+      }
+    }
+  }
+}
+
+// Recompute mode (no kernel yet): the g tasks' epilogue reads the
+// pre-activations the recompute tasks wrote (TaskKindSpec::also_in).
+TEST(PassDataflow, TheBackwardRecomputeTableReadsOnlyCompleteRows) {
+  for (int lookahead : {1, 2}) {
+    for (int minibatch_tiles : {1, 3}) {
+      for (const std::vector<int32_t>& first : {std::vector<int32_t>{0, 2, 2, 5}, std::vector<int32_t>{0, 1, 3, 4, 7}}) {
+        SCOPED_TRACE(testing::Message() << "lookahead=" << lookahead << " minibatch_tiles=" << minibatch_tiles
+                                        << " experts=" << first.size() - 1);
+        run_clean(backward_geometry_for<BackwardRecomputePass>(minibatch_tiles, lookahead, 10, first), first, 10,
+                  ModelOptions{});
       }
     }
   }
@@ -334,6 +355,23 @@ TEST(PassDataflow, AKindThatSkipsItsWaitsIsCaught) {
     const std::vector<int32_t> first{0, 3, 5};
     EXPECT_GT(runs_until_caught(backward_geometry_for(1, 1, 10, first), first, 10, o), 0)
         << "backward: dW13 tiles reading d13 and x without waiting went unnoticed";
+  }
+  {
+    // Recompute mode: g tasks that do not wait read pre-activations the
+    // recompute tasks have not stored -- an epilogue input (also_in), which
+    // the model checks too: at least one run must report exactly that.
+    o.skip_waits_of_kind = BackwardRecomputePass::kGrad;
+    o.slow_kind = BackwardRecomputePass::kRecompute;
+    const std::vector<int32_t> first{0, 3, 5};
+    const auto g = backward_geometry_for<BackwardRecomputePass>(1, 1, 10, first);
+    bool epilogue_caught = false;
+    for (int run = 1; run <= 16 && !epilogue_caught; ++run) {
+      o.seed = static_cast<unsigned>(run);
+      DataflowModel<BackwardRecomputePass> model(g, first, 10, o);
+      model.run();
+      for (const std::string& e : model.errors()) epilogue_caught = epilogue_caught || e.find("(epilogue)") != std::string::npos;
+    }
+    EXPECT_TRUE(epilogue_caught) << "recompute: g tasks reading unrecomputed pre-activations went unnoticed";
   }
 }
 

@@ -636,10 +636,12 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
   check_table_order(g);
 }
 
-// The backward's table (docs/backward-design.md; no kernel runs it yet): the
-// same check, with per-expert counters whose targets come from the schedule
-// (uneven experts, an empty one) and the finale of weight-gradient tiles.
-TEST(PassTable, BackwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
+// The backward's table (docs/backward-design.md; the fused backward kernel
+// runs it): the same check, with per-expert counters whose targets come from
+// the schedule (uneven experts, an empty one) and the finale of
+// weight-gradient tiles. Its recompute-mode table too (no kernel yet).
+template <class P>
+void check_backward_order() {
   for (int minibatch_tiles : {1, 2, 3}) {
     for (int lookahead : {1, 2}) {
       for (const std::vector<int32_t>& expert_m_tiles :
@@ -651,17 +653,29 @@ TEST(PassTable, BackwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
         shape.local_experts = static_cast<int32_t>(expert_m_tiles.size());
         // The buffers hold the whole schedule: as many slots as minibatches.
         shape.ring_slots = std::max(1, (first.back() + minibatch_tiles - 1) / minibatch_tiles);
-        const BackwardGeometry g = pass_geometry<BackwardPass>(shape, 13, first.back() * tile_m);
+        const PassGeometry<P> g = pass_geometry<P>(shape, 13, first.back() * tile_m);
         SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " lookahead=" << lookahead
                                         << " experts=" << expert_m_tiles.size() << " m_tiles=" << first.back());
-        EXPECT_EQ(g.n_tiles[BackwardPass::kGrad], 2);      // I 384 / 256, rounded up
-        EXPECT_EQ(g.n_tiles[BackwardPass::kDx], 2);        // H 512 / 256
-        EXPECT_EQ(g.expert_m_tiles[BackwardPass::kWeightGrad13], 6);  // 2I 768 / 128
-        EXPECT_EQ(g.expert_m_tiles[BackwardPass::kWeightGrad2], 4);   // H 512 / 128
+        EXPECT_EQ(g.n_tiles[P::kGrad], 2);      // I 384 / 256, rounded up
+        EXPECT_EQ(g.n_tiles[P::kDx], 2);        // H 512 / 256
+        EXPECT_EQ(g.expert_m_tiles[P::kWeightGrad13], 6);  // 2I 768 / 128
+        EXPECT_EQ(g.expert_m_tiles[P::kWeightGrad2], 4);   // H 512 / 128
         check_table_order(g, first);
       }
     }
   }
+}
+
+TEST(PassTable, BackwardTicketOrderMeetsEveryWaitWithSmallerTickets) { check_backward_order<BackwardPass>(); }
+
+TEST(PassTable, BackwardRecomputeTicketOrderMeetsEveryWaitWithSmallerTickets) {
+  check_backward_order<BackwardRecomputePass>();
+  // Its recompute kinds: I 384 / 128 gate/up pairs per tile, S 256 / 128.
+  PassShape shape{8, 16, 4, 2, 512, 384, 256};
+  shape.local_experts = 2;
+  const auto g = pass_geometry<BackwardRecomputePass>(shape, 13, 5 * 8);
+  EXPECT_EQ(g.n_tiles[BackwardRecomputePass::kRecompute], 3);
+  EXPECT_EQ(g.n_tiles[BackwardRecomputePass::kSharedRecompute], 2);
 }
 
 // The checks can fail: a backward whose pipeline puts dx(m) before the g(m)
