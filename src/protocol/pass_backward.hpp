@@ -47,8 +47,10 @@ inline constexpr GemmTileShape kBackwardDxTile{128, 256, EpilogueKind::kPlain, E
 inline constexpr GemmTileShape kBackwardWeightTile{128, 256, EpilogueKind::kWeightGrad, ElementType::kBF16,
                                                    OperandMajor::kMN, OperandMajor::kMN};
 
-struct BackwardPass {
-  enum Kind : int32_t { kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds };
+// What the save-mode and recompute-mode tables share: their first counters
+// (in the same order, so that the kinds below name the same indices in
+// both), the kinds that follow g, and the non-GEMM roles.
+struct BackwardCommon {
   enum Counter : int32_t {
     kRowsFilled,      // per m-tile: its dout and x rows are in place (stored by its dispatch worker)
     kD13Ready,        // per m-tile: g tasks that stored their [da | db] columns
@@ -56,10 +58,9 @@ struct BackwardPass {
     kSharedD13Ready,  // per token tile: shared g tasks that stored their columns
     kSharedDone,      // shared dx tasks done (the combine reads shared dx)
     kDxDone,          // dx tasks whose rows are in their home ranks' rows
-    kNumCounters
+    kCommonCounters,
   };
-
-  static constexpr CounterSpec kCounters[kNumCounters] = {
+  static constexpr CounterSpec kCommonCounterSpecs[kCommonCounters] = {
       {static_cast<uint32_t>(CounterId::kRowsFilled), Span::kRingTile, true},
       {static_cast<uint32_t>(CounterId::kD13Ready), Span::kRingTile, false},
       {static_cast<uint32_t>(CounterId::kExpertRowsDone), Span::kExpert, false},
@@ -68,27 +69,22 @@ struct BackwardPass {
       {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
   };
 
-  static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
-      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH, Tensor::kSharedPreact},
-      // kSharedDx
-      {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
-       Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
-      // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
-      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
-       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
-       Tensor::kHwRows, Tensor::kPreactRows},
-      // kDx: dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
-      {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
-       Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
-      // kWeightGrad13: dW13[e] = d13 rows^T . x rows, over the expert's rows in schedule order.
-      {kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
-       Tensor::kWeightGrad13, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
-      // kWeightGrad2: dW2[e] = dout rows^T . (w * h) rows.
-      {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate,
-       Rows::kExpert, Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
-  };
+  // shared dx = shared d13 . shared W13
+  static constexpr TaskKindSpec kSharedDxKind = {
+      kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
+      Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}};
+  // dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
+  static constexpr TaskKindSpec kDxKind = {
+      kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
+      Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}};
+  // dW13[e] = d13 rows^T . x rows, over the expert's rows in schedule order.
+  static constexpr TaskKindSpec kWeightGrad13Kind = {
+      kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
+      Tensor::kWeightGrad13, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate};
+  // dW2[e] = dout rows^T . (w * h) rows.
+  static constexpr TaskKindSpec kWeightGrad2Kind = {
+      kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate, Rows::kExpert,
+      Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden};
 
   // Its buffers must hold every schedule row (nothing awaits a slot's
   // readers): the host gives it a slot per minibatch (buffers_hold_schedule).
@@ -97,13 +93,6 @@ struct BackwardPass {
   static constexpr bool kScheduleGiven = true;
   // d13 rows are A of dx (K-major) and of dW13 (MN-major): a map per operand.
   static constexpr bool kMapPerOperand = true;
-
-  static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
-  // dx_j n-tile major: W13[e]'s 2I x 256 panels of all H / 256 n-tiles
-  // (~56 MB on the DeepSeek-V3 slice) exceed L2, and m-tile-major waves
-  // re-read them from HBM.
-  static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kGrad, false}};
-  static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 
   struct Dispatch {
     static constexpr RoleSpec value = {{}, {{kRowsFilled}}, {Tensor::kDoutRows, Tensor::kXRows}};
@@ -114,6 +103,33 @@ struct BackwardPass {
                                        {},
                                        {Tensor::kHomeCombine, Tensor::kSharedDx}};
   };
+};
+
+struct BackwardPass : BackwardCommon {
+  enum Kind : int32_t { kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds };
+  static constexpr int32_t kNumCounters = kCommonCounters;
+  static constexpr const CounterSpec (&kCounters)[kNumCounters] = kCommonCounterSpecs;
+
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
+      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
+       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH, Tensor::kSharedPreact},
+      kSharedDxKind,
+      // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
+      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
+       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
+       Tensor::kHwRows, Tensor::kPreactRows},
+      kDxKind,
+      kWeightGrad13Kind,
+      kWeightGrad2Kind,
+  };
+
+  static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
+  // dx_j n-tile major: W13[e]'s 2I x 256 panels of all H / 256 n-tiles
+  // (~56 MB on the DeepSeek-V3 slice) exceed L2, and m-tile-major waves
+  // re-read them from HBM.
+  static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kGrad, false}};
+  static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 };
 
 static_assert(pass_table_is_consistent<BackwardPass>(), "the backward's table breaks a rule of pass_table.hpp");
@@ -137,24 +153,24 @@ static_assert(pass_table_is_consistent<BackwardPass>(), "the backward's table br
 // tasks earlier in the same step.
 inline constexpr GemmTileShape kBackwardRecomputeTile{128, 256, EpilogueKind::kGateUpPreact};
 
-struct BackwardRecomputePass {
+struct BackwardRecomputePass : BackwardCommon {
   enum Kind : int32_t {
     kSharedRecompute, kSharedGrad, kSharedDx, kRecompute, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds
   };
-  enum Counter : int32_t {
-    kRowsFilled, kPreactReady, kD13Ready, kExpertRowsDone, kSharedPreactReady, kSharedD13Ready, kSharedDone,
-    kDxDone, kNumCounters
+  enum RecomputeCounter : int32_t {
+    kPreactReady = kCommonCounters,  // per m-tile: recompute tasks that stored their [gate | up] columns
+    kSharedPreactReady,              // per token tile: the shared expert's
+    kNumCounters
   };
-
   static constexpr CounterSpec kCounters[kNumCounters] = {
-      {static_cast<uint32_t>(CounterId::kRowsFilled), Span::kRingTile, true},
+      kCommonCounterSpecs[kRowsFilled],
+      kCommonCounterSpecs[kD13Ready],
+      kCommonCounterSpecs[kExpertRowsDone],
+      kCommonCounterSpecs[kSharedD13Ready],
+      kCommonCounterSpecs[kSharedDone],
+      kCommonCounterSpecs[kDxDone],
       {static_cast<uint32_t>(CounterId::kPreactReady), Span::kRingTile, false},
-      {static_cast<uint32_t>(CounterId::kD13Ready), Span::kRingTile, false},
-      {static_cast<uint32_t>(CounterId::kExpertRowsDone), Span::kExpert, false},
       {static_cast<uint32_t>(CounterId::kSharedPreactReady), Span::kTokenTile, false},
-      {static_cast<uint32_t>(CounterId::kSharedD13Ready), Span::kTokenTile, false},
-      {static_cast<uint32_t>(CounterId::kSharedDone), Span::kWhole, false},
-      {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
   };
 
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
@@ -165,9 +181,7 @@ struct BackwardRecomputePass {
       {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
        Tensor::kSharedD13, {{kSharedPreactReady, Await::kReady}}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH,
        Tensor::kSharedPreact},
-      // kSharedDx
-      {kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
-       Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}},
+      kSharedDxKind,
       // kRecompute: [gate | up] of the schedule's rows, kept by schedule row.
       {kBackwardRecomputeTile, Tensor::kXRows, Tensor::kW13, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
        Tensor::kPreactRows, {{kRowsFilled, Await::kReady}}, {{kPreactReady}}},
@@ -175,34 +189,14 @@ struct BackwardRecomputePass {
       {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
        Tensor::kD13Rows, {{kPreactReady, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
        Tensor::kHwRows, Tensor::kPreactRows},
-      // kDx
-      {kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
-       Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}},
-      // kWeightGrad13
-      {kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
-       Tensor::kWeightGrad13, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kTwoIntermediate},
-      // kWeightGrad2
-      {kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate, Rows::kExpert,
-       Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden},
+      kDxKind,
+      kWeightGrad13Kind,
+      kWeightGrad2Kind,
   };
-
-  static constexpr bool kWholeSchedule = true;
-  static constexpr bool kScheduleGiven = true;
-  static constexpr bool kMapPerOperand = true;
 
   static constexpr int32_t kPrologue[] = {kSharedRecompute, kSharedGrad, kSharedDx};
   static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kRecompute, false}, {kGrad, false}};
   static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
-
-  struct Dispatch {
-    static constexpr RoleSpec value = {{}, {{kRowsFilled}}, {Tensor::kDoutRows, Tensor::kXRows}};
-  };
-  struct Combine {
-    static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}},
-                                       {},
-                                       {},
-                                       {Tensor::kHomeCombine, Tensor::kSharedDx}};
-  };
 };
 
 static_assert(pass_table_is_consistent<BackwardRecomputePass>(),
