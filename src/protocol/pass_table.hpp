@@ -292,6 +292,19 @@ MOK_HD constexpr int32_t map_index(int32_t kind, int32_t operand) {
   }
 }
 
+// The TMA tensor maps per rank of a pass with a map per operand and weight
+// gradients (the backward's): one per operand of each kind (map_index), then
+// the weight gradients' outputs (dW13, dW2), through which their bf16 tiles
+// are stored (unused, and left zero, for fp32 output).
+template <class Pass>
+MOK_HD constexpr int32_t num_backward_maps() {
+  return 2 * Pass::kNumKinds + 2;
+}
+template <class Pass>
+MOK_HD constexpr int32_t weight_grad_output_map(Tensor out) {
+  return 2 * Pass::kNumKinds + (out == Tensor::kWeightGrad13 ? 0 : 1);
+}
+
 // Whether some kind of the pass reads tensor t through TMA (the async proxy):
 // a task storing t with generic stores must then fence before it signals.
 template <class Pass>

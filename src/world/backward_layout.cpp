@@ -83,7 +83,7 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.shared_dx, T * H * 2);
     take(g.counters, protocol::counter_words(g.geometry) * sizeof(uint32_t));
     take(g.combine_next, sizeof(uint32_t));
-    take(g.maps, to_size(2 * BackwardPass::kNumKinds) * kernel.tensor_map_bytes);
+    take(g.maps, to_size(protocol::num_backward_maps<BackwardPass>()) * kernel.tensor_map_bytes);
     take(g.shared_groups, 3 * sizeof(int32_t));
     g.bytes = at;
     L.rank_offset.push_back(offset);

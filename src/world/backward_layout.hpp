@@ -43,7 +43,7 @@ struct BackwardRankLayout {
   Region shared_dx;      // bf16 [T, H]
   Region counters;       // the backward table's counters (counter_words)
   Region combine_next;   // uint32 [1]
-  Region maps;           // CUtensorMap [2 x the table's kinds]
+  Region maps;           // CUtensorMap [protocol::num_backward_maps]
   Region shared_groups;  // int32 [3]: the shared expert's one group, {0, T} and {T}
   size_t bytes = 0;
   protocol::PassGeometry<protocol::BackwardPass> geometry{};  // without schedule rows: sizes the counters

@@ -111,8 +111,8 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   s.config = config;
   s.pass_state = world::pass_state_layout(config, s.kernel);
   s.layout = world::backward_layout(config, s.options, s.kernel);
-  static_assert(device::kNumBackwardMaps == 2 * BackwardPass::kNumKinds,
-                "backward_layout sizes the maps region as two maps per kind");
+  static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
+                "backward_layout sizes the maps region by the protocol's count");
 
   device::FusedBackwardParams& p = s.params;
   p.world_size = config.world_size;
@@ -238,6 +238,13 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     m[map(BackwardPass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
     m[map(BackwardPass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
     m[map(BackwardPass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
+    if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in [16 rows][64 columns] boxes
+      const std::array<cuuint32_t, 3> box_out{64, 16, 1};
+      m[static_cast<size_t>(protocol::weight_grad_output_map<BackwardPass>(protocol::Tensor::kWeightGrad13))] =
+          encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
+      m[static_cast<size_t>(protocol::weight_grad_output_map<BackwardPass>(protocol::Tensor::kWeightGrad2))] =
+          encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);
+    }
     if (S > 0 && T > 0) {
       m[map(BackwardPass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
       m[map(BackwardPass::kSharedGrad, 1)] =

@@ -81,12 +81,13 @@ mok::WeightGradArgs weight_grad_args(const WeightGradProblem& p, const DeviceBuf
 }
 
 // The bf16 output, poisoned first.
-std::vector<uint16_t> run_weight_grad_bf16(const WeightGradProblem& p) {
+std::vector<uint16_t> run_weight_grad_bf16(const WeightGradProblem& p, int max_ctas = 0) {
   DeviceBuffer<uint16_t> a(p.a), b(p.b), out(p.layout.groups() * p.m * p.n);
   DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
   MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, p.layout.groups() * p.m * p.n * 2));
   mok::WeightGradArgs args = weight_grad_args(p, a, b, offset, rows);
   args.out_bf16 = out.get();
+  args.max_ctas = max_ctas;
   mok::grouped_weight_grad(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   return out.download();
@@ -177,13 +178,21 @@ TEST(WeightGrad, AccumulatesIntoTheCallersBufferWithOneAddition) {
   }
 }
 
+// bf16 tiles are stored by TMA from the stage their K loop ended on, which
+// the next tile's K loop hands back: with one or three CTAs, each walks many
+// tiles in a row -- after an empty group's (no stage held), after a one-row
+// group's (a single k-block), across groups and partial tiles -- and every
+// one must still be the fp32 sum rounded once, whatever the grid.
 TEST(WeightGrad, Bf16OutputIsTheFp32SumRoundedOnce) {
   MOK_REQUIRE_HOPPER();
   const WeightGradProblem p = make_weight_grad(awkward_groups(), 192, 320, 8);
   const std::vector<float> fp32 = run_weight_grad(p, poisoned(p.layout.groups() * p.m * p.n), false);
-  const std::vector<uint16_t> bf16 = run_weight_grad_bf16(p);
-  for (size_t i = 0; i < fp32.size(); ++i) {
-    ASSERT_EQ(bf16[i], mok::float_to_bf16_bits(fp32[i])) << "element " << i << " (fp32 " << fp32[i] << ")";
+  for (int ctas : {0, 1, 3}) {
+    const std::vector<uint16_t> bf16 = run_weight_grad_bf16(p, ctas);
+    for (size_t i = 0; i < fp32.size(); ++i) {
+      ASSERT_EQ(bf16[i], mok::float_to_bf16_bits(fp32[i]))
+          << "element " << i << " (fp32 " << fp32[i] << "), ctas " << ctas;
+    }
   }
 }
 

@@ -93,7 +93,9 @@ struct alignas(1024) GemmSharedStorage {
     uint8_t b[Cfg::kBBytes];  // [BN rows][kBlockK], 128B-swizzled by TMA
   };
   Stage stages[Cfg::kStages];
-  alignas(16) uint8_t staging[Cfg::kConsumerWarps][Cfg::kStagingBytesPerWarp];
+  // 1 KB-aligned (it is, after whole stages): a weight-gradient tile's TMA
+  // store reads 128-byte-swizzled boxes from it (weight_grad_tile.cuh).
+  alignas(1024) uint8_t staging[Cfg::kConsumerWarps][Cfg::kStagingBytesPerWarp];
   uint64_t full[Cfg::kStages];
   uint64_t empty[Cfg::kStages];
 };

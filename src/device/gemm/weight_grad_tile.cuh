@@ -1,7 +1,9 @@
 // One weight-gradient tile, out[m0 .. m0+BM)[n0 .. n0+BN) = sum over the
-// group's rows r of a[r][m] * b[r][n], as three device functions a kernel
-// calls for its own tasks (the standalone kernel in
-// kernel/weight_grad_kernel.cuh; the fused backward's finale later).
+// group's rows r of a[r][m] * b[r][n], as device functions a kernel calls for
+// its own tasks (the standalone kernel in kernel/weight_grad_kernel.cuh; the
+// fused backward's finale, roles/gemm_consumer.cuh): load, K loop, and a
+// store from registers (fp32, accumulate, bf16) or, for bf16, by TMA from
+// shared memory during the next tile's K loop.
 //
 // Both operands are rows of activations, read transposed: K is the row index,
 // so A and B are MN-major in shared memory -- stages of [64 rows][64 columns]
@@ -25,7 +27,9 @@
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
+#include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/named_barrier.cuh"
+#include "device/ptx/stmatrix.cuh"
 #include "device/ptx/vector_io.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/sched/weight_grad_tiles.cuh"
@@ -84,15 +88,47 @@ __device__ __forceinline__ void clear_rows_past_group(typename GemmSharedStorage
   }
 }
 
+// The stage that a tile stored by TMA (store_weight_grad_tile_async) still
+// reads, or -1. Every consumer warp keeps its own copy; they agree, since
+// every consumer warpgroup runs every weight-gradient tile.
+struct HeldStage {
+  int stage = -1;
+};
+
+// Every consumer warp: once the bulk stores its lane 0 issued have read
+// shared memory, hands the held stage back to the producer. The staging
+// area the stores also read is free for the CTA's other warps only after a
+// barrier of every consumer warp that follows this (the next async store
+// has one; gemm_consumer.cuh adds one before any other kind's epilogue).
+template <int kStages>
+__device__ __forceinline__ void release_held_stage(StageRing<kStages>& ring, HeldStage& held) {
+  if (held.stage < 0) return;
+  if (threadIdx.x % 32 == 0) {
+    bulk_wait_read<0>();
+    ring.consumer_release(held.stage);
+  }
+  __syncwarp();
+  held.stage = -1;
+}
+
 // Consumer warpgroup `consumer`: acc = the tile's 64 output rows of this
 // warpgroup (m0 + 64 * consumer ..) over the group's rows. Every consumer
 // warpgroup of the CTA must call it for the same tile (the row clearing ends
 // in a barrier among them, id `barrier_id`).
+//
+// `held`: a stage the previous tile's asynchronous store still reads. It is
+// handed back after this tile's second k-block is issued (or at the end of a
+// shorter tile): by then the store has had a k-block's time to drain, and
+// the producer still has a k-block's time to refill the stage before the
+// K loop needs it (it is the fourth stage from here). With `keep_last`, the
+// stage of this tile's last k-block is not handed back but becomes `held`:
+// the tile's output goes through it (store_weight_grad_tile_async). An
+// empty group's tile (no k-blocks) holds nothing.
 template <class Cfg, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                                      int consumer, const WeightGradTile& tile,
-                                                     float (&acc)[Cfg::kAccRegs], int barrier_id,
-                                                     const OnStall& on_stall = {}) {
+                                                     float (&acc)[Cfg::kAccRegs], int barrier_id, HeldStage& held,
+                                                     bool keep_last, const OnStall& on_stall = {}) {
   static_assert(Cfg::kElement == ElementType::kBF16, "this build wraps the bf16 wgmma only");
   const int k_blocks = weight_grad_k_blocks<Cfg>(tile);  // 0: acc is not touched (the store writes zeros)
   const bool releaser = (threadIdx.x % 32) == 0;
@@ -121,27 +157,37 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
     if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
     prev_stage = ring.stage;
     ring.advance();
+    if (kb == 1) release_held_stage(ring, held);
+  }
+  if (held.stage >= 0) {  // a tile of fewer than two k-blocks
+    release_held_stage(ring, held);
+    // An empty tile is stored from registers through the staging area, which
+    // the other warps' stores may still read until each has released.
+    if (k_blocks == 0) named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
-  if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
+  if (keep_last && prev_stage >= 0) {
+    held.stage = prev_stage;
+  } else if (prev_stage >= 0 && releaser) {
+    ring.consumer_release(prev_stage);
+  }
 }
 
 // Consumer warpgroup `consumer` writes its 64 rows of the tile to out
 // ([m][n] row-major: one group's gradient) as fp32, or adds them to what is
-// there (accumulate: out = out + acc, one rounding), or -- Out = uint16_t --
-// stores them rounded once to bf16. Rows past m and columns past n are not
-// written (m and n are multiples of 64). An empty group's tile is zeros, or
-// is left as is when accumulating.
+// there (accumulate: out = out + acc, one rounding). Rows past m and columns
+// past n are not written (m and n are multiples of 64). An empty group's
+// tile is zeros, or is left as is when accumulating. (bf16 tiles go by TMA:
+// store_weight_grad_tile_async, or store_empty_weight_grad_tile.)
 //
-// Both go through the warp's shared staging so that every global access is
+// It goes through the warp's shared staging so that every global access is
 // a whole 128-byte line: straight from the wgmma fragment, a warp's store
-// touched 8 rows with 32 bytes each (16 for bf16, half a sector), and a
-// tile's 128 such stores per thread took about a third as long as its K
-// loop (docs/perf-notes.md b2).
-template <class Cfg, class Out>
+// touched 8 rows with 32 bytes each, and a tile's 128 such stores per thread
+// took about a third as long as its K loop (docs/perf-notes.md b2).
+template <class Cfg>
 __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::kAccRegs], GemmSharedStorage<Cfg>& smem,
-                                                       int consumer, const WeightGradTile& tile, Out* out, int m,
+                                                       int consumer, const WeightGradTile& tile, float* out, int m,
                                                        int n, bool accumulate) {
   if (tile.m0 + consumer * 64 >= m) return;  // this warpgroup's rows are all past m
   if (accumulate && tile.rows == 0) return;
@@ -151,14 +197,7 @@ __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::k
   // not a zeroed acc: zeroing it on that path alone made ptxas spill the
   // accumulators around the K loop.)
   const bool empty = tile.rows == 0;
-  if constexpr (sizeof(Out) == 2) {
-    store_tile_rows_of<Cfg>(
-        [&](int j, int h) {
-          return empty ? 0u : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        },
-        smem, consumer, tile.n0, n,
-        [&](int i) -> uint16_t* { return out + static_cast<int64_t>(tile.m0 + i) * n; });  // i: row within the tile
-  } else {
+  {
     // Slabs of 32 fp32 columns: the warp's 16 rows x 128 bytes of staging.
     // Staging row r holds its 16-byte chunks XOR-swizzled by r & 7, so the
     // fragment's writes (8 rows x 32 bytes per instruction) and the read-out
@@ -190,7 +229,7 @@ __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::k
         v[it] = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
       }
       __syncwarp();  // every lane's reads precede the next slab's writes
-      Out* const dst = out + static_cast<int64_t>(first_row) * n + c0 + c * 4;
+      float* const dst = out + static_cast<int64_t>(first_row) * n + c0 + c * 4;
       if (accumulate) {  // all four old lines in flight at once, then one addition each
         uint4 old[4];
 #pragma unroll
@@ -206,6 +245,85 @@ __device__ __forceinline__ void store_weight_grad_tile(const float (&acc)[Cfg::k
 #pragma unroll
       for (int it = 0; it < 4; ++it) st_global_v4(dst + static_cast<int64_t>(it * 4 + (lane >> 3)) * n, v[it]);
     }
+  }
+}
+
+// An empty group's bf16 tile (its acc was never written): zeros, from no
+// registers but the zero, each warp its 16 rows in whole 128-byte lines.
+// `out`: the group's [m][n] gradient.
+template <class Cfg>
+__device__ __forceinline__ void store_empty_weight_grad_tile(int consumer, const WeightGradTile& tile, uint16_t* out,
+                                                             int m, int n) {
+  if (tile.m0 + consumer * 64 >= m) return;
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int chunks_per_row = min(Cfg::kBlockN, n - tile.n0) / 8;  // 16 bytes = 8 bf16
+  uint16_t* const first = out + static_cast<int64_t>(tile.m0 + consumer * 64 + warp * 16) * n + tile.n0;
+  for (int i = lane; i < 16 * chunks_per_row; i += 32) {
+    st_global_v4(first + static_cast<int64_t>(i / chunks_per_row) * n + (i % chunks_per_row) * 8,
+                 make_uint4(0u, 0u, 0u, 0u));
+  }
+}
+
+// The bf16 tile through shared memory and TMA, so that its global writes run
+// during the next tile's K loop instead of before it (with stores from
+// registers, about an eighth of a DeepSeek-V3 tile's time: docs/perf-notes.md
+// b6). The tile (128 x 256 bf16, 64 KB) lies in the held stage (48 KB: six
+// warps' 16-row pieces) and the staging area (16 KB: the last two); each
+// piece is four boxes of [16 rows][64 columns], 128-byte swizzled as the
+// map says (out_map: bf16 {n, groups x m}, box {64, 16}). Lane 0 of each warp
+// stores its piece and commits one bulk group, which release_held_stage
+// waits for. Rows past m are not stored (m is a multiple of 64: a warpgroup's
+// rows are all in or all out); columns past n neither. Every consumer
+// warpgroup must call it (the first barrier: both warpgroups' wgmma have
+// read the held stage before either writes into it). The rounding and the
+// bits are store_weight_grad_tile's.
+template <class Cfg>
+__device__ __forceinline__ void store_weight_grad_tile_async(const float (&acc)[Cfg::kAccRegs],
+                                                             GemmSharedStorage<Cfg>& smem, int consumer,
+                                                             const WeightGradTile& tile, const void* out_map, int m,
+                                                             int n, const HeldStage& held, int barrier_id) {
+  constexpr int kPieceBytes = 16 * Cfg::kBlockN * 2;  // a warp's 16 rows
+  constexpr int kBoxBytes = 16 * 128;                 // [16 rows][64 bf16 columns]
+  constexpr int kPiecesInStage = static_cast<int>(Cfg::kStageBytes) / kPieceBytes;
+  static_assert(Cfg::kBlockM == 128 && Cfg::kConsumerWarpgroups == 2, "two warpgroups of 64 output rows");
+  static_assert(offsetof(typename GemmSharedStorage<Cfg>::Stage, b) == Cfg::kABytes,
+                "a stage's A and B boxes are one run of bytes");
+  static_assert((Cfg::kConsumerWarps - kPiecesInStage) * kPieceBytes <= sizeof(GemmSharedStorage<Cfg>::staging),
+                "the pieces past the stage fit in the staging area");
+  static_assert(kPieceBytes % 1024 == 0 && Cfg::kStageBytes % 1024 == 0,
+                "each piece starts on a 1 KB boundary, where the 128-byte swizzle pattern starts");
+  named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
+  if (tile.m0 + consumer * 64 >= m) return;
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int piece = consumer * 4 + warp;
+  uint8_t* const base = piece < kPiecesInStage ? smem.stages[held.stage].a + piece * kPieceBytes
+                                               : &smem.staging[0][0] + (piece - kPiecesInStage) * kPieceBytes;
+  const uint32_t addr = shared_address(base);
+  // stmatrix: this lane gives row st_row of chunk 2 * pair + st_chunk.
+  const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int st_chunk = lane >> 4;
+#pragma unroll
+  for (int box = 0; box < Cfg::kBlockN / 64; ++box) {
+#pragma unroll
+    for (int pair = 0; pair < 4; ++pair) {
+      const int j = box * 8 + 2 * pair;  // the 8-column chunk of the fragment
+      const int chunk = 2 * pair + st_chunk;
+      stmatrix_x4(addr + box * kBoxBytes + st_row * 128 + ((chunk ^ (st_row & 7)) * 16),
+                  pack_bf16x2(acc[4 * j], acc[4 * j + 1]), pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                  pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]), pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+    }
+  }
+  fence_proxy_async_shared();  // the generic writes above, before the bulk stores read them
+  __syncwarp();
+  if (lane == 0) {
+    const int row = tile.group * m + tile.m0 + consumer * 64 + warp * 16;
+#pragma unroll
+    for (int box = 0; box < Cfg::kBlockN / 64; ++box) {
+      if (tile.n0 + box * 64 < n) tma_store_2d(out_map, base + box * kBoxBytes, tile.n0 + box * 64, row);
+    }
+    bulk_commit();
   }
 }
 

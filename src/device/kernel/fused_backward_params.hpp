@@ -19,8 +19,9 @@ namespace mok::device {
 
 // The backward's TMA tensor maps: one per operand of each task kind
 // (protocol::map_index; a tensor read K-major by one kind and MN-major by
-// another needs two maps).
-inline constexpr int kNumBackwardMaps = 2 * protocol::BackwardPass::kNumKinds;
+// another needs two maps), then the bf16 weight gradients' outputs
+// (protocol::weight_grad_output_map).
+inline constexpr int kNumBackwardMaps = protocol::num_backward_maps<protocol::BackwardPass>();
 
 struct BackwardRankView {
   // Shared with the forward's view (the GEMM roles read these names).

@@ -1,6 +1,8 @@
 // The standalone persistent weight-gradient kernel: setup, then one branch
 // per warpgroup role (warpgroup 0 the TMA producer, 1.. the consumers), all
-// walking the same task list (sched/weight_grad_tiles.cuh).
+// walking the same task list (sched/weight_grad_tiles.cuh). out_map: the
+// bf16 output as bf16 {n, groups x m}, box {64, 16}, 128-byte swizzle (bf16
+// tiles are stored by TMA); unused for fp32 output.
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +13,7 @@
 #include "device/gemm/weight_grad_tile.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
+#include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/wgmma.cuh"
 #include "device/sched/weight_grad_tiles.cuh"
 
@@ -35,10 +38,12 @@ constexpr int weight_grad_smem_bytes() {
   return static_cast<int>(sizeof(GemmSharedStorage<Cfg>)) + 1024;
 }
 
-template <class Cfg>
+// kBf16: the bf16 output (params.out_bf16), else the fp32 one -- one
+// epilogue per instantiation, so that neither's registers weigh on the other.
+template <class Cfg, bool kBf16>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     weight_grad_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                       const WeightGradParams params) {
+                       const __grid_constant__ CUtensorMap out_map, const WeightGradParams params) {
   extern __shared__ uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -68,16 +73,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     float acc[Cfg::kAccRegs];
+    HeldStage held;  // the stage the previous tile's store still reads (bf16)
     while (walker.next(tile)) {
-      mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear);
+      mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear, held, kBf16);
       const int64_t first = static_cast<int64_t>(tile.group) * params.m * params.n;
-      if (params.out_bf16 != nullptr) {
-        store_weight_grad_tile<Cfg>(acc, smem, consumer, tile, params.out_bf16 + first, params.m, params.n, false);
+      if (kBf16 && held.stage >= 0) {  // a tile with rows: its writes overlap the next tile's K loop
+        store_weight_grad_tile_async<Cfg>(acc, smem, consumer, tile, &out_map, params.m, params.n, held,
+                                          kBarrierWeightGradClear);
+      } else if (kBf16) {
+        store_empty_weight_grad_tile<Cfg>(consumer, tile, params.out_bf16 + first, params.m, params.n);
       } else {
         store_weight_grad_tile<Cfg>(acc, smem, consumer, tile, params.out + first, params.m, params.n,
                                     params.accumulate != 0);
       }
     }
+    // The last tile's writes complete before the CTA exits.
+    if (held.stage >= 0 && threadIdx.x % 32 == 0) bulk_wait_all();
   }
 }
 

@@ -1,6 +1,6 @@
-// Non-tensor bulk copies (cp.async.bulk) for moving whole token rows:
-// global -> shared completing on an mbarrier, and shared -> global tracked by
-// bulk groups. One-line wrappers over cuda::ptx, named by what they do.
+// Bulk copies (cp.async.bulk) for moving whole token rows -- global -> shared
+// completing on an mbarrier, and shared -> global tracked by bulk groups --
+// and the tensor (TMA) store of a tile's box, tracked the same way. One-line wrappers over cuda::ptx, named by what they do.
 #pragma once
 
 #include <cuda/ptx>
@@ -20,6 +20,15 @@ __device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, 
 // `bytes` from shared into global memory, as part of the current bulk group.
 __device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src, uint32_t bytes) {
   cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
+}
+
+// A box of a tensor (its map's box, at element coordinates {c0, c1}) from
+// shared into global memory, as part of the current bulk group; the map's
+// swizzle says how the box lies in shared memory. Elements past the tensor's
+// edges are not written.
+__device__ __forceinline__ void tma_store_2d(const void* tensor_map, const void* smem_src, int32_t c0, int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coords, smem_src);
 }
 
 __device__ __forceinline__ void bulk_commit() { cuda::ptx::cp_async_bulk_commit_group(); }

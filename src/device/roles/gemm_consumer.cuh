@@ -78,10 +78,13 @@ __device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
 // Stores a finished task's tile where its kind says: rows the rank owns (a
 // ring's rows, all of them; or its own tokens, those that exist), or rows of
 // home ranks that the row resolver looked up during the mainloop.
+// A bf16 weight-gradient tile whose K loop kept its last stage (`held`) is
+// stored from there by TMA (store_weight_grad_tile_async).
 template <class Spec, class Ctx>
 __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShared& smem,
                                                   const float (&acc)[KindConfig<Spec>::kAccRegs], int consumer,
-                                                  const GemmTask& task, int task_slot, int32_t n_cols) {
+                                                  const GemmTask& task, int task_slot, int32_t n_cols,
+                                                  const HeldStage& held) {
   using Cfg = KindConfig<Spec>;
   const auto& v = ctx.view();
   auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
@@ -95,12 +98,15 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
     void* const base = Spec::value.out == protocol::Tensor::kWeightGrad13 ? v.dw13 : v.dw2;
     const int64_t first = static_cast<int64_t>(task.expert) * m * n_cols;
     const WeightGradTile tile = weight_grad_tile_of<Spec>(task, ctx.shape());
-    if (ctx.params.weight_grad_bf16 != 0) {
-      store_weight_grad_tile<Cfg, uint16_t>(acc, storage, consumer, tile, static_cast<uint16_t*>(base) + first, m,
-                                            n_cols, false);
+    if (held.stage >= 0) {
+      const CUtensorMap* out_map = v.maps + protocol::weight_grad_output_map<typename Ctx::Pass>(Spec::value.out);
+      store_weight_grad_tile_async<Cfg>(acc, storage, consumer, tile, out_map, m, n_cols, held,
+                                        kBarrierFusedWeightGradClear);
+    } else if (ctx.params.weight_grad_bf16 != 0) {  // an empty expert's zeros
+      store_empty_weight_grad_tile<Cfg>(consumer, tile, static_cast<uint16_t*>(base) + first, m, n_cols);
     } else {
-      store_weight_grad_tile<Cfg, float>(acc, storage, consumer, tile, static_cast<float*>(base) + first, m, n_cols,
-                                         ctx.params.accumulate != 0);
+      store_weight_grad_tile<Cfg>(acc, storage, consumer, tile, static_cast<float*>(base) + first, m, n_cols,
+                                  ctx.params.accumulate != 0);
     }
   } else if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
     uint16_t* const* destinations = smem.row_destination[task_slot];
@@ -136,6 +142,9 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
   SlotCursor<kTaskSlots> tasks;
   SlotCursor<kDoneSlots> done;
   float acc[MainCfg::kAccRegs];
+  // The stage a bf16 weight-gradient tile's TMA store still reads (the next
+  // weight-gradient tile's K loop hands it back; weight_grad_tile.cuh).
+  HeldStage held;
   // Every barrier wait of the consumers ends a stall this way, never by a
   // trap.
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
@@ -148,6 +157,10 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     const uint32_t task_phase = tasks.phase;
     tasks.advance();
     if (task.kind == protocol::kNoTask) {
+      // The last weight-gradient tile's writes complete before the consumers
+      // leave the GEMM work (and the CTA, its shared memory).
+      if (held.stage >= 0 && lane == 0) bulk_wait_all();
+      release_held_stage(ring, held);
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
       // Tell the signaler the list is over (after every earlier task).
@@ -186,10 +199,17 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
             using Cfg = KindConfig<Spec>;
             mma_weight_grad_tile<Cfg>(reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, consumer,
                                       weight_grad_tile_of<Spec>(task, shape), acc, kBarrierFusedWeightGradClear,
-                                      on_stall);
+                                      held, ctx.params.weight_grad_bf16 != 0, on_stall);
           }
         });
       }
+    }
+    if (!per_expert && held.stage >= 0) {
+      // Another kind after a weight-gradient tile (no table orders one so
+      // today): the stage goes back first, and no warp's epilogue reuses the
+      // staging area before every warp's store has read it.
+      release_held_stage(ring, held);
+      named_barrier_sync(kBarrierFusedWeightGradClear, 128 * MainCfg::kConsumerWarpgroups);
     }
     if (per_expert) {
     } else if (idle) {
@@ -205,7 +225,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     if (!idle) {
       protocol::visit_kind<Pass>(task.kind, [&](auto K) {
         store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(ctx, smem, acc, consumer, task,
-                                                                                      task_slot, n_cols);
+                                                                                      task_slot, n_cols, held);
       });
     }
     __syncwarp();
