@@ -12,6 +12,7 @@
 #include "mok/bf16.hpp"
 #include "mok/fused_backward.hpp"
 #include "mok/pass_trace.hpp"
+#include "trace_csv.hpp"
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 
@@ -110,7 +111,7 @@ void print_trace_summary(const std::vector<TraceEvent>& events) {
     }
   }
   auto ms = [&](uint64_t t) { return static_cast<double>(t - start) * 1e-6; };
-  std::printf("    where the time goes (one traced pass; ms from its first event):\n");
+  std::printf("    where the time goes (one traced pass, bf16 weight gradients; ms from its first event):\n");
   std::printf("      %-20s %7s %12s %12s %12s %9s %9s\n", "kind", "tasks", "mainloop us", "epilogue us",
               "waits ms", "first ms", "last ms");
   for (int k = 0; k < kKinds; ++k) {
@@ -132,7 +133,8 @@ void print_trace_summary(const std::vector<TraceEvent>& events) {
 }  // namespace
 
 bool run_backward(const LayerConfig& config, const FusedForwardOptions& options, const synthetic::Layer& layer,
-                  const DeviceLayer& device, int iterations, uint64_t seed, int threads) {
+                  const DeviceLayer& device, int iterations, uint64_t seed, int threads,
+                  const std::string& trace_file) {
   const int R = config.world_size;
   const size_t H = static_cast<size_t>(config.hidden), I = static_cast<size_t>(config.intermediate),
                S = static_cast<size_t>(config.shared_width()), k = static_cast<size_t>(config.top_k),
@@ -226,16 +228,21 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
                 what, median, iterations, flops / median * 1e-9, b2b, flops / b2b * 1e-9);
   };
   time_mode(WeightGradOutput::kBf16, "bf16");
-  time_mode(WeightGradOutput::kFp32, "fp32");  // last: the gradients checked below are these
-  MOK_CUDA_CHECK(cudaEventDestroy(start));
-  MOK_CUDA_CHECK(cudaEventDestroy(stop));
-  {
+  {  // bf16 weight gradients, as the autograd asks for bf16 weights
     FusedForwardOptions traced_options = options;
     traced_options.trace_events = 1 << 22;
     FusedBackward traced(config, traced_options);
-    traced.run(bwd);
-    print_trace_summary(traced.trace());
+    traced.run(bwd, nullptr, WeightGradOutput::kBf16);
+    const std::vector<TraceEvent> events = traced.trace();
+    print_trace_summary(events);
+    if (!trace_file.empty()) {
+      write_trace_csv(events, trace_file);
+      std::printf("    events written to %s\n", trace_file.c_str());
+    }
   }
+  time_mode(WeightGradOutput::kFp32, "fp32");  // last: the gradients checked below are these
+  MOK_CUDA_CHECK(cudaEventDestroy(start));
+  MOK_CUDA_CHECK(cudaEventDestroy(stop));
 
   // 4. The gradients' bits, and the reference where affordable.
   std::vector<std::vector<double>> unused;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "mok/device_layer.hpp"
 #include "mok/fused_forward.hpp"
@@ -15,8 +16,10 @@
 
 namespace mok::tools {
 
-// Returns false when the reference check ran and failed.
+// Returns false when the reference check ran and failed. trace_file, when
+// not empty: the traced pass's events go there as CSV (trace_csv.hpp).
 bool run_backward(const LayerConfig& config, const FusedForwardOptions& options, const synthetic::Layer& layer,
-                  const DeviceLayer& device, int iterations, uint64_t seed, int threads);
+                  const DeviceLayer& device, int iterations, uint64_t seed, int threads,
+                  const std::string& trace_file = {});
 
 }  // namespace mok::tools

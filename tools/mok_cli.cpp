@@ -31,6 +31,7 @@
 
 #include "common/cuda_check.hpp"
 #include "backward_timing.hpp"
+#include "trace_csv.hpp"
 #include "forward_timing.hpp"
 #include "gpu_energy.hpp"
 #include "mok/bf16.hpp"
@@ -91,7 +92,8 @@ void print_usage() {
       "  --ctas-per-rank N      SMs per rank (default: all SMs / R)\n"
       "  --comm-ctas-per-rank N dispatch CTAs per rank (default: from the layer's bytes per FLOP;\n"
       "                         --comm-ctas is the same)\n"
-      "  --trace FILE           also trace one pass: print where its time went, write its events (CSV)\n"
+      "  --trace FILE           also trace one pass: print where its time went, write its events (CSV);\n"
+      "                         with --backward, the backward's pass\n"
       "  --compare SET          also time the fused forward with SET, a comma-separated list of\n"
       "                         minibatch-rows=N, ring-slots=N, lookahead=N, ctas-per-rank=N,\n"
       "                         comm-ctas-per-rank=N (or comm-ctas=N), against\n"
@@ -272,15 +274,7 @@ void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options
   const std::vector<mok::TraceEvent> events = traced.trace();
   std::printf("      trace of one pass (%zu events):\n%s", events.size(),
               mok::describe(mok::summarize_trace(events)).c_str());
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) throw mok::Error("--trace " + path + ": cannot open for writing");
-  std::fprintf(file, "rank,cta,kind,detail,begin_ns,end_ns,cycles\n");
-  for (const mok::TraceEvent& e : events) {
-    std::fprintf(file, "%d,%d,%s,%d,%llu,%llu,%u\n", e.rank, e.cta,
-                 mok::trace_kind_name(static_cast<mok::TraceKind>(e.kind)), e.detail,
-                 static_cast<unsigned long long>(e.begin_ns), static_cast<unsigned long long>(e.end_ns), e.cycles);
-  }
-  std::fclose(file);
+  mok::tools::write_trace_csv(events, path);
   std::printf("      events written to %s\n", path.c_str());
 }
 
@@ -404,10 +398,11 @@ int run_gpu(const Options& o) {
   report_energy(forward, device, timing.back_to_back_ms, flops);
   print_output_bits(forward, device);
   if (o.train) time_training_forward(forward, device, config, timing, o.iterations);
-  if (o.backward && !mok::tools::run_backward(config, o.forward, layer, device, o.iterations, o.seed, o.threads)) {
+  if (o.backward && !mok::tools::run_backward(config, o.forward, layer, device, o.iterations, o.seed, o.threads, o.trace_file)) {
     return 1;
   }
-  if (!o.trace_file.empty()) trace_pass(config, o.forward, device, o.trace_file);
+  // With --backward, --trace is the backward's (written above).
+  if (!o.trace_file.empty() && !o.backward) trace_pass(config, o.forward, device, o.trace_file);
   if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 
   // The CPU reference costs about a second per 5 GFLOP on two cores: check
