@@ -11,6 +11,7 @@
 #   scripts/device_ab_backward.sh      carry [".baseline", ".deps"]
 #   .baseline/mok_cli, .baseline/mok_gemm_bench: built from the baseline commit
 #   MOK_ROUNDS=2                       alternations
+#   MOK_WG=0                           skip the standalone weight-gradient rounds
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -27,6 +28,7 @@ for round in $(seq 1 "${MOK_ROUNDS:-2}"); do
     [ -x $bin/mok_cli ] || continue
     step cli_${who}_$round 90 $bin/mok_cli --backward --iterations 10
     grep -E "fused backward, " "$OUT/cli_${who}_$round.log"
+    [ "${MOK_WG:-1}" = 0 ] && continue
     for shape in "--k 4096 --n 7168" "--k 7168 --n 2048"; do
       tag=$(echo $shape | tr -d ' -')
       step wg_${who}_${tag}_$round 60 $bin/mok_gemm_bench --weight-grad bf16 $shape --iterations 20

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mma_tile<Cfg>(smem, ring, consumer, k_blocks, acc);
       }
       if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
-        store_swiglu_backward_tile<Cfg>(acc, consumer, tile, params.swiglu_backward);
+        store_swiglu_backward_tile<Cfg>(acc, smem, consumer, tile, params.swiglu_backward);
       } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUQuantize) {
         store_swiglu_quantize_tile<Cfg>(acc, smem, shared.exchange, consumer, tile,
                                         reinterpret_cast<uint8_t*>(params.out), params.out_scales, params.n_cols,

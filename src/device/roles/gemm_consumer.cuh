@@ -41,6 +41,7 @@ __device__ __forceinline__ void store_preactivations(const View& v, const SavedP
 // expert's are token rows (weight 1, no parts: it has no router weight).
 template <class Spec, class Ctx>
 __device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
+                                                             GemmSharedStorage<KindConfig<Spec>>& storage,
                                                              const float (&acc)[KindConfig<Spec>::kAccRegs],
                                                              int consumer, const GemmTask& task, int32_t n_cols) {
   using Cfg = KindConfig<Spec>;
@@ -61,7 +62,7 @@ __device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
     o.d13 = v.d13_rows;
     o.scaled_act = v.hw_rows;
     const int top_k = ctx.params.top_k;
-    store_swiglu_backward_tile<Cfg>(acc, consumer, tile, o, [&](int row) -> float* {
+    store_swiglu_backward_tile<Cfg>(acc, storage, consumer, tile, o, [&](int row) -> float* {
       const RowSource src = load_row_source(&v.rows[row]);
       return ctx.params.ranks[src.rank].dw_parts +
              (static_cast<int64_t>(src.token) * top_k + src.slot) * o.parts_cols + task.n_tile;
@@ -71,7 +72,7 @@ __device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
     o.row_scale = nullptr;
     o.d13 = v.shared_d13;
     o.scaled_act = v.shared_h;
-    store_swiglu_backward_tile<Cfg>(acc, consumer, tile, o, [](int) -> float* { return nullptr; });
+    store_swiglu_backward_tile<Cfg>(acc, storage, consumer, tile, o, [](int) -> float* { return nullptr; });
   }
 }
 
@@ -91,7 +92,7 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   const int col0 = task.n_tile * Cfg::kOutCols;
   const int32_t row0 = task.row0;
   if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
-    store_swiglu_backward_output<Spec>(ctx, acc, consumer, task, n_cols);
+    store_swiglu_backward_output<Spec>(ctx, storage, acc, consumer, task, n_cols);
   } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
     // A weight gradient: the expert's [m, n] fp32 matrix.
     const int32_t m = protocol::dim_of(ctx.shape(), Spec::value.m);
