@@ -6,15 +6,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
+#include <span>
 #include <vector>
 
 #include "common/cuda_check.hpp"
 #include "mok/bf16.hpp"
 #include "mok/fused_backward.hpp"
 #include "mok/pass_trace.hpp"
-#include "trace_csv.hpp"
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
+#include "protocol/pass_backward.hpp"
+#include "trace_csv.hpp"
 
 namespace mok::tools {
 namespace {
@@ -68,19 +71,43 @@ void hash_into(uint64_t& h, const std::vector<T>& v) {
   for (size_t i = 0; i < v.size() * sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
 }
 
-// Where a traced pass's time went: per GEMM kind, its tasks, their mean
-// mainloop and epilogue, the sum of their input waits, and when the first
-// began and the last ended (from the pass's first event); the same spans for
-// the dispatch and the combine.
-void print_trace_summary(const std::vector<TraceEvent>& events) {
-  static const char* const kKindNames[] = {"shared g + SwiGLU'", "shared dx", "g + SwiGLU'", "dx_j", "dW13", "dW2"};
-  constexpr int kKinds = 6;
+// FNV-1a 64 over every rank's gradients: per rank dx, dweights, dW13, dW2,
+// shared dW13, shared dW2 (bufs: per rank dout, then those six).
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+uint64_t hash_gradients(const std::vector<Buffer>& bufs, int R) {
+  uint64_t h = kFnvOffset;
+  for (int r = 0; r < R; ++r) {
+    for (size_t j = 1; j < 7; ++j) hash_into(h, bufs[static_cast<size_t>(r) * 7 + j].download<uint8_t>());
+  }
+  return h;
+}
+
+// The names of a traced pass's GEMM kinds (a mainloop event's detail), in
+// the order of the mode's protocol::BackwardPass::Kind or
+// BackwardRecomputePass::Kind.
+constexpr const char* kSaveKindNames[] = {"shared g + SwiGLU'", "shared dx", "g + SwiGLU'", "dx_j", "dW13", "dW2"};
+constexpr const char* kRecomputeKindNames[] = {"shared gate/up",  "shared g + SwiGLU'", "shared dx", "gate/up",
+                                               "g + SwiGLU'", "dx_j", "dW13", "dW2"};
+static_assert(std::size(kSaveKindNames) == protocol::BackwardPass::kNumKinds);
+static_assert(std::size(kRecomputeKindNames) == protocol::BackwardRecomputePass::kNumKinds);
+std::span<const char* const> kind_names(BackwardMode mode) {
+  if (mode == BackwardMode::kRecompute) return kRecomputeKindNames;
+  return kSaveKindNames;
+}
+
+// Where a traced pass's time went: per GEMM kind (kind_names[detail]), its
+// tasks, their mean mainloop and epilogue, the sum of their input waits, and
+// when the first began and the last ended (from the pass's first event); the
+// same spans for the dispatch and the combine.
+void print_trace_summary(const std::vector<TraceEvent>& events, std::span<const char* const> kind_names) {
+  const int kKinds = static_cast<int>(kind_names.size());
   struct Span {
     uint64_t first = UINT64_MAX, last = 0;
     double sum_us[3] = {0, 0, 0};  // mainloop, epilogue, input wait
     int tasks = 0;
   };
-  Span kinds[kKinds], dispatch, combine_wait, combine;
+  std::vector<Span> kinds(kind_names.size());
+  Span dispatch, combine_wait, combine;
   uint64_t start = UINT64_MAX;
   for (const TraceEvent& e : events) start = std::min(start, e.begin_ns);
   auto widen = [](Span& s, const TraceEvent& e) {
@@ -91,15 +118,16 @@ void print_trace_summary(const std::vector<TraceEvent>& events) {
     const double us = static_cast<double>(e.end_ns - e.begin_ns) * 1e-3;
     const auto kind = static_cast<TraceKind>(e.kind);
     const bool gemm = e.detail >= 0 && e.detail < kKinds;
+    Span* task = gemm ? &kinds[static_cast<size_t>(e.detail)] : nullptr;
     if (kind == TraceKind::kMainloop && gemm) {
-      widen(kinds[e.detail], e);
-      kinds[e.detail].sum_us[0] += us;
-      ++kinds[e.detail].tasks;
+      widen(*task, e);
+      task->sum_us[0] += us;
+      ++task->tasks;
     } else if (kind == TraceKind::kEpilogue && gemm) {
-      widen(kinds[e.detail], e);
-      kinds[e.detail].sum_us[1] += us;
+      widen(*task, e);
+      task->sum_us[1] += us;
     } else if (kind == TraceKind::kTaskWait && gemm) {
-      kinds[e.detail].sum_us[2] += us;
+      task->sum_us[2] += us;
     } else if (kind == TraceKind::kDispatchCopy) {
       widen(dispatch, e);
       ++dispatch.tasks;
@@ -114,10 +142,10 @@ void print_trace_summary(const std::vector<TraceEvent>& events) {
   std::printf("    where the time goes (one traced pass, bf16 weight gradients; ms from its first event):\n");
   std::printf("      %-20s %7s %12s %12s %12s %9s %9s\n", "kind", "tasks", "mainloop us", "epilogue us",
               "waits ms", "first ms", "last ms");
-  for (int k = 0; k < kKinds; ++k) {
+  for (size_t k = 0; k < kinds.size(); ++k) {
     const Span& s = kinds[k];
     if (s.tasks == 0) continue;
-    std::printf("      %-20s %7d %12.1f %12.1f %12.2f %9.3f %9.3f\n", kKindNames[k], s.tasks, s.sum_us[0] / s.tasks,
+    std::printf("      %-20s %7d %12.1f %12.1f %12.2f %9.3f %9.3f\n", kind_names[k], s.tasks, s.sum_us[0] / s.tasks,
                 s.sum_us[1] / s.tasks, s.sum_us[2] * 1e-3, ms(s.first), ms(s.last));
   }
   if (dispatch.tasks > 0) {
@@ -201,13 +229,17 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
   cudaEvent_t start, stop;
   MOK_CUDA_CHECK(cudaEventCreate(&start));
   MOK_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_mode = [&](WeightGradOutput mode, const char* what) {
-    for (int i = 0; i < 3; ++i) backward.run(bwd, nullptr, mode);
-    backward.check();
+  struct Timing {
+    double median_ms, b2b_ms;
+  };
+  // 3 warm-up passes, `iterations` passes alone (median), as many back to back (mean).
+  auto time_mode = [&](FusedBackward& object, std::span<const BackwardRankTensors> ranks, WeightGradOutput mode) {
+    for (int i = 0; i < 3; ++i) object.run(ranks, nullptr, mode);
+    object.check();
     std::vector<double> ms;
     for (int i = 0; i < iterations; ++i) {
       MOK_CUDA_CHECK(cudaEventRecord(start));
-      backward.run(bwd, nullptr, mode);
+      object.run(ranks, nullptr, mode);
       MOK_CUDA_CHECK(cudaEventRecord(stop));
       MOK_CUDA_CHECK(cudaEventSynchronize(stop));
       float t = 0;
@@ -215,40 +247,96 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
       ms.push_back(t);
     }
     MOK_CUDA_CHECK(cudaEventRecord(start));
-    for (int i = 0; i < iterations; ++i) backward.run(bwd, nullptr, mode);
+    for (int i = 0; i < iterations; ++i) object.run(ranks, nullptr, mode);
     MOK_CUDA_CHECK(cudaEventRecord(stop));
     MOK_CUDA_CHECK(cudaEventSynchronize(stop));
     float total = 0;
     MOK_CUDA_CHECK(cudaEventElapsedTime(&total, start, stop));
-    backward.check();
+    object.check();
     std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2], b2b = static_cast<double>(total) / iterations;
-    std::printf("    fused backward, %s weight gradients: %.3f ms (median of %d), %.1f useful TFLOP/s; back to back "
-                "%.3f ms per pass, %.1f TFLOP/s\n",
-                what, median, iterations, flops / median * 1e-9, b2b, flops / b2b * 1e-9);
+    return Timing{ms[ms.size() / 2], static_cast<double>(total) / iterations};
   };
-  time_mode(WeightGradOutput::kBf16, "bf16");
+  // "    fused backward, <what> weight gradients: ..." and `tail` before the newline.
+  auto print_timing = [&](const char* what, const Timing& t, const std::string& tail) {
+    std::printf("    fused backward, %s weight gradients: %.3f ms (median of %d), %.1f useful TFLOP/s; back to back "
+                "%.3f ms per pass, %.1f TFLOP/s%s\n",
+                what, t.median_ms, iterations, flops / t.median_ms * 1e-9, t.b2b_ms, flops / t.b2b_ms * 1e-9,
+                tail.c_str());
+  };
+  const Timing save_bf16 = time_mode(backward, bwd, WeightGradOutput::kBf16);
+  print_timing("bf16", save_bf16, "");
   {  // bf16 weight gradients, as the autograd asks for bf16 weights
     FusedForwardOptions traced_options = options;
     traced_options.trace_events = 1 << 22;
     FusedBackward traced(config, traced_options);
     traced.run(bwd, nullptr, WeightGradOutput::kBf16);
     const std::vector<TraceEvent> events = traced.trace();
-    print_trace_summary(events);
+    print_trace_summary(events, kind_names(traced.mode()));
     if (!trace_file.empty()) {
       write_trace_csv(events, trace_file);
       std::printf("    events written to %s\n", trace_file.c_str());
     }
   }
-  time_mode(WeightGradOutput::kFp32, "fp32");  // last: the gradients checked below are these
+
+  // Recompute mode on the same forward pass: the schedule only (the save
+  // mode's pre-activations are there, but not given), into the same outputs.
+  // Before the save mode's fp32 passes, so that the bits hashed below are the
+  // save mode's; the recompute mode's fp32 bits are hashed on their own.
+  uint64_t recompute_hash = 0;
+  {
+    std::vector<BackwardRankTensors> bwd_recompute = bwd;
+    for (BackwardRankTensors& t : bwd_recompute) t.preact = t.shared_preact = nullptr;
+    FusedBackward recompute(config, options, BackwardMode::kRecompute);
+    std::printf("[b] fused backward (recompute mode), workspace %.2f GB\n",
+                static_cast<double>(recompute.workspace_bytes()) / 1e9);
+    const Timing t = time_mode(recompute, bwd_recompute, WeightGradOutput::kBf16);
+    char ratio[64];
+    std::snprintf(ratio, sizeof ratio, "; %.3f x save mode", t.median_ms / save_bf16.median_ms);
+    print_timing("recompute mode, bf16", t, ratio);
+    // One fp32 pass into outputs of NaN (0xFF bytes): an element it leaves
+    // unwritten changes the hash.
+    for (int r = 0; r < R; ++r) {
+      for (size_t j = 1; j < 7; ++j) {
+        const Buffer& b = bufs[static_cast<size_t>(r) * 7 + j];
+        if (b.bytes > 0) MOK_CUDA_CHECK(cudaMemset(b.ptr, 0xFF, b.bytes));
+      }
+    }
+    recompute.run(bwd_recompute, nullptr, WeightGradOutput::kFp32);
+    recompute.check();
+    recompute_hash = hash_gradients(bufs, R);
+  }
+  {  // What the forward keeps per layer for each mode, every rank's.
+    size_t saved_bytes = 0, state_bytes = 0;
+    for (int r = 0; r < R; ++r) {
+      const size_t T = static_cast<size_t>(config.tokens_per_rank[static_cast<size_t>(r)]);
+      state_bytes += forward.pass_state_bytes();
+      saved_bytes += static_cast<size_t>(forward.saved_rows()) * 2 * I * 2 + T * 2 * S * 2;
+    }
+    std::printf("    kept per layer by the forward (every rank's): save mode %.3f GB (pre-activations %.3f GB + "
+                "pass state %.3f GB), recompute mode %.3f GB (pass state)\n",
+                static_cast<double>(saved_bytes + state_bytes) / 1e9, static_cast<double>(saved_bytes) / 1e9,
+                static_cast<double>(state_bytes) / 1e9, static_cast<double>(state_bytes) / 1e9);
+  }
+
+  print_timing("fp32", time_mode(backward, bwd, WeightGradOutput::kFp32), "");  // last: the bits below are these
   MOK_CUDA_CHECK(cudaEventDestroy(start));
   MOK_CUDA_CHECK(cudaEventDestroy(stop));
 
   // 4. The gradients' bits, and the reference where affordable.
-  std::vector<std::vector<double>> unused;
+  const uint64_t h = hash_gradients(bufs, R);
+  std::printf("    gradient bits: fnv1a64 %016llx\n", static_cast<unsigned long long>(h));
+  std::printf("    recompute bits: %s (fnv1a64 %016llx)\n", recompute_hash == h ? "same as save mode" : "DIFFER",
+              static_cast<unsigned long long>(recompute_hash));
+  if (recompute_hash != h) {
+    std::printf("    FAILED: recompute mode's gradients differ from save mode's\n");
+    return false;
+  }
+  if (flops > 4e10) {
+    std::printf("    reference check skipped: %.0f GFLOP is too much for the CPU reference\n", flops * 1e-9);
+    return true;
+  }
   std::vector<uint16_t> dx;
   std::vector<float> dweights, dw13, dw2, dsw13(2 * S * H, 0.0f), dsw2(H * S, 0.0f);
-  uint64_t h = 1469598103934665603ull;
   for (int r = 0; r < R; ++r) {
     const size_t b = static_cast<size_t>(r) * 7;  // dout, dx, dweights, dw13, dw2, dshared_w13, dshared_w2
     const auto rdx = bufs[b + 1].download<uint16_t>();
@@ -257,19 +345,12 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
     const auto r2 = bufs[b + 4].download<float>();
     const auto rs13 = bufs[b + 5].download<float>();
     const auto rs2 = bufs[b + 6].download<float>();
-    for (const auto* v : {&rdx}) hash_into(h, *v);
-    for (const auto* v : {&rdw, &r13, &r2, &rs13, &rs2}) hash_into(h, *v);
     dx.insert(dx.end(), rdx.begin(), rdx.end());
     dweights.insert(dweights.end(), rdw.begin(), rdw.end());
     dw13.insert(dw13.end(), r13.begin(), r13.end());
     dw2.insert(dw2.end(), r2.begin(), r2.end());
     for (size_t i = 0; i < rs13.size(); ++i) dsw13[i] += rs13[i];  // the ranks' shares, in rank order
     for (size_t i = 0; i < rs2.size(); ++i) dsw2[i] += rs2[i];
-  }
-  std::printf("    gradient bits: fnv1a64 %016llx\n", static_cast<unsigned long long>(h));
-  if (flops > 4e10) {
-    std::printf("    reference check skipped: %.0f GFLOP is too much for the CPU reference\n", flops * 1e-9);
-    return true;
   }
   const WorldSchedule schedule = build_schedule(config, layer.routing(), {128, threads});
   std::vector<const float*> dout_ptrs;

@@ -11,9 +11,8 @@
 // Host API only.
 //
 // This version: the virtual world (R ranks as R partitions of the current
-// GPU's SMs), host-ordered passes, save mode (the forward's training pass
-// kept each rank's schedule in its pass state and the gate/up
-// pre-activations). The shared expert's weight gradients run as a second,
+// GPU's SMs), host-ordered passes, save and recompute modes (BackwardMode).
+// The shared expert's weight gradients run as a second,
 // standalone kernel (mok::weight_grad) after the fused one, on the same
 // stream; everything else is in the fused kernel.
 #pragma once
@@ -42,7 +41,8 @@ struct BackwardRankTensors {
   const void* shared_w13 = nullptr;     // bf16 [2S, H]; null when S = 0
   const void* shared_w2 = nullptr;      // bf16 [H, S]
   // What the forward's training pass kept for this rank (RankTensors of that
-  // pass): its pass state (the schedule) and its pre-activations.
+  // pass): its pass state (the schedule) and, in save mode, its
+  // pre-activations (recompute mode does not read them: they may be null).
   const void* pass_state = nullptr;     // FusedForward::pass_state_bytes()
   const void* preact = nullptr;         // bf16 [FusedForward::saved_rows(), 2I]
   const void* shared_preact = nullptr;  // bf16 [T, 2S]; null when S = 0
@@ -66,6 +66,19 @@ enum class WeightGradOutput : int32_t {
   kBf16 = 2,            // rounded once to bf16 (what autograd returns for bf16 weights)
 };
 
+// What the forward kept for the backward (docs/backward-design.md, "What the
+// forward keeps"). Both modes give the same bits.
+enum class BackwardMode : int32_t {
+  // The forward's training pass kept the schedule (pass state) and the gate/up
+  // pre-activations (RankTensors::preact, shared_preact).
+  kSave = 0,
+  // It kept the schedule only: the backward recomputes [gate | up] = W13 x
+  // from the pulled x rows (and the shared expert's from x) before the tasks
+  // that read them, into its own workspace (activation checkpointing: ~300 MB
+  // less kept per layer on the DeepSeek-V3 slice, one more gate/up GEMM).
+  kRecompute = 1,
+};
+
 class FusedBackward {
  public:
   // The layer, with the forward pass's exact token counts per rank (a
@@ -77,7 +90,8 @@ class FusedBackward {
   // schedule row). Throws mok::Error, naming the field, for what this version
   // does not run (peer or process worlds, device-ordered passes) and for
   // invalid values. Allocates the workspace on the current GPU.
-  FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {});
+  FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {},
+                BackwardMode mode = BackwardMode::kSave);
   ~FusedBackward();
   FusedBackward(const FusedBackward&) = delete;
   FusedBackward& operator=(const FusedBackward&) = delete;
@@ -99,13 +113,15 @@ class FusedBackward {
   // The timeline of the last pass (options.trace_events > 0): waits for it,
   // then returns its events in no particular order (the forward's event
   // kinds; a GEMM event's detail is the backward's task kind,
-  // protocol::BackwardPass::Kind). Throws mok::Error if tracing is off or a
+  // protocol::BackwardPass::Kind, or BackwardRecomputePass::Kind in recompute
+  // mode). Throws mok::Error if tracing is off or a
   // CTA recorded more than its share of trace_events.
   std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
 
   // Bytes of the workspace (every rank's), for the docs and the benchmarks.
   size_t workspace_bytes() const;
   const FusedForwardOptions& options() const;  // resolved
+  BackwardMode mode() const;
 
  private:
   struct State;

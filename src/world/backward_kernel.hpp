@@ -18,5 +18,7 @@ int backward_kernel_smem_bytes();
 // the grid cannot be resident at once, which the protocol needs), counters
 // at device scope (the virtual world).
 void launch_backward_kernel(const device::FusedBackwardParams& params, int ctas, cudaStream_t stream);
+// The same in recompute mode.
+void launch_backward_kernel(const device::FusedBackwardRecomputeParams& params, int ctas, cudaStream_t stream);
 
 }  // namespace mok::world

@@ -11,6 +11,7 @@ namespace mok::world {
 namespace {
 
 using protocol::BackwardPass;
+using protocol::BackwardRecomputePass;
 
 size_t to_size(int64_t v) { return static_cast<size_t>(v); }
 
@@ -45,7 +46,8 @@ protocol::PassShape backward_shape(const LayerConfig& config, const FusedForward
 }
 
 BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
-                               const KernelFacts& kernel) {
+                               const KernelFacts& kernel, BackwardMode mode) {
+  const bool recompute = mode == BackwardMode::kRecompute;
   BackwardLayout L;
   L.row_capacity = schedule_row_capacity(config, kernel);
   L.buffer_rows = static_cast<int64_t>(options.ring_slots) * options.minibatch_rows;
@@ -57,13 +59,15 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
   size_t offset = 0;
   for (int r = 0; r < config.world_size; ++r) {
     const int32_t tokens = config.tokens_per_rank[static_cast<size_t>(r)];
-    const int64_t tasks = protocol::max_task_count<BackwardPass>(shape, tokens, L.row_capacity);
+    const int64_t tasks = recompute ? protocol::max_task_count<BackwardRecomputePass>(shape, tokens, L.row_capacity)
+                                    : protocol::max_task_count<BackwardPass>(shape, tokens, L.row_capacity);
     if (tasks > 0x7fffffff) {
       throw Error("FusedBackward: rank " + std::to_string(r) + "'s pass could have " + std::to_string(tasks) +
                   " GEMM tasks; tickets are 32-bit (at most 2^31 - 1)");
     }
     BackwardRankLayout g;
     g.geometry = protocol::pass_geometry<BackwardPass>(shape, tokens, 0);
+    g.recompute_geometry = protocol::pass_geometry<BackwardRecomputePass>(shape, tokens, 0);
     size_t at = 0;
     auto take = [&](Region& region, size_t bytes) {
       region.offset = at;
@@ -81,10 +85,15 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.shared_d13, T_pad * 2 * S * 2);
     take(g.shared_h, T_pad * S * 2);
     take(g.shared_dx, T * H * 2);
-    take(g.counters, protocol::counter_words(g.geometry) * sizeof(uint32_t));
+    take(g.counters, (recompute ? protocol::counter_words(g.recompute_geometry) : protocol::counter_words(g.geometry)) *
+                         sizeof(uint32_t));
     take(g.combine_next, sizeof(uint32_t));
-    take(g.maps, to_size(protocol::num_backward_maps<BackwardPass>()) * kernel.tensor_map_bytes);
+    take(g.maps, to_size(recompute ? protocol::num_backward_maps<BackwardRecomputePass>()
+                                   : protocol::num_backward_maps<BackwardPass>()) *
+                     kernel.tensor_map_bytes);
     take(g.shared_groups, 3 * sizeof(int32_t));
+    take(g.kept_preact, recompute ? P * 2 * I * 2 : 0);
+    take(g.kept_shared_preact, recompute ? T_pad * 2 * S * 2 : 0);
     g.bytes = at;
     L.rank_offset.push_back(offset);
     offset = align_up(offset + g.bytes, kRegionAlignment);
@@ -99,7 +108,8 @@ std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
           {"d13_rows", g.d13_rows},     {"hw_rows", g.hw_rows},         {"dw_parts", g.dw_parts},
           {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
           {"shared_dx", g.shared_dx},   {"counters", g.counters},       {"combine_next", g.combine_next},
-          {"maps", g.maps},             {"shared_groups", g.shared_groups}};
+          {"maps", g.maps},             {"shared_groups", g.shared_groups},
+          {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
 }
 
 }  // namespace mok::world

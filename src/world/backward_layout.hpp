@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "mok/fused_backward.hpp"
 #include "mok/fused_forward.hpp"
 #include "mok/layer_config.hpp"
 #include "protocol/pass_backward.hpp"
@@ -45,8 +46,14 @@ struct BackwardRankLayout {
   Region combine_next;   // uint32 [1]
   Region maps;           // CUtensorMap [protocol::num_backward_maps]
   Region shared_groups;  // int32 [3]: the shared expert's one group, {0, T} and {T}
+  // Recompute mode only (empty in save mode): where its recompute kinds keep
+  // [gate | up], which its g tasks then read.
+  Region kept_preact;         // bf16 [buffer rows, 2I], by schedule row
+  Region kept_shared_preact;  // bf16 [T rounded up to tile_m, 2S]
   size_t bytes = 0;
-  protocol::PassGeometry<protocol::BackwardPass> geometry{};  // without schedule rows: sizes the counters
+  // Without schedule rows: each sizes its mode's counters.
+  protocol::PassGeometry<protocol::BackwardPass> geometry{};
+  protocol::PassGeometry<protocol::BackwardRecomputePass> recompute_geometry{};
 };
 
 struct BackwardLayout {
@@ -58,10 +65,11 @@ struct BackwardLayout {
   size_t bytes = 0;                 // the allocation
 };
 
-// Every rank's layout, for `options` = backward_options(...). Throws
-// mok::Error if a rank's pass could have 2^31 GEMM tasks or more.
+// Every rank's layout, for `options` = backward_options(...), in `mode`
+// (its counters, its maps and, in recompute mode, its kept pre-activations).
+// Throws mok::Error if a rank's pass could have 2^31 GEMM tasks or more.
 BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
-                               const KernelFacts& kernel);
+                               const KernelFacts& kernel, BackwardMode mode = BackwardMode::kSave);
 
 // Every region of a rank's layout, in address order (for the checks).
 std::vector<NamedRegion> regions(const BackwardRankLayout& layout);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/cuda_check.hpp"
@@ -52,6 +53,18 @@ CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::arr
                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+// W13 as the gate/up tiles read it (recompute mode): [G][2][N][K], one box of
+// [kBlockN / 2 rows][BK] for the gate rows and one for the up rows.
+CUtensorMap encode_gate_up(const char* what, const void* base, cuuint64_t K, cuuint64_t N, cuuint64_t groups) {
+  const cuuint64_t dims[4] = {K, N, 2, groups};
+  const cuuint64_t strides[3] = {K * 2, N * K * 2, 2 * N * K * 2};
+  const cuuint32_t box[4] = {kBoxK, static_cast<cuuint32_t>(GradCfg::kBlockN / 2), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return device::encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box,
+                                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 // Rows read or written by TMA or 16-byte accesses need 16-byte alignment;
 // the routing weights and their gradients are read and written one float at
 // a time (kScalar).
@@ -78,7 +91,19 @@ struct FusedBackward::State {
   uint8_t* memory = nullptr;
   uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
   world::TraceMemory trace;  // options.trace_events > 0
+  BackwardMode mode = BackwardMode::kSave;
+  // The kernel's parameters in the object's mode (the other stays unused).
   device::FusedBackwardParams params{};
+  device::FusedBackwardRecomputeParams recompute_params{};
+  // Calls f with the parameters of the object's mode.
+  template <class F>
+  void with_params(F&& f) {
+    if (mode == BackwardMode::kRecompute) {
+      f(recompute_params);
+    } else {
+      f(params);
+    }
+  }
   cudaEvent_t done = nullptr;
   bool recorded = false;
 
@@ -96,9 +121,13 @@ constexpr size_t kReportBytes = sizeof(uint32_t) + sizeof(protocol::StallReport)
 
 }  // namespace
 
-FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options)
+FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options, BackwardMode mode)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
+  if (mode != BackwardMode::kSave && mode != BackwardMode::kRecompute) {
+    throw Error("FusedBackward: unknown BackwardMode " + std::to_string(static_cast<int>(mode)));
+  }
+  s.mode = mode;
   if (!options.devices.empty() || options.process_rank >= 0) {
     throw Error("FusedBackward: this version runs the virtual world only (options.devices must be empty and "
                 "process_rank -1); the staged backward (python/mok/staged_backward.py) covers the others");
@@ -110,11 +139,15 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
                                       s.kernel);
   s.config = config;
   s.pass_state = world::pass_state_layout(config, s.kernel);
-  s.layout = world::backward_layout(config, s.options, s.kernel);
+  s.layout = world::backward_layout(config, s.options, s.kernel, mode);
   static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
                 "backward_layout sizes the maps region by the protocol's count");
 
-  device::FusedBackwardParams& p = s.params;
+  if (s.options.trace_events > 0) {
+    s.trace = world::allocate_trace(static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank),
+                                    s.options.trace_events);
+  }
+  s.with_params([&](auto& p) {
   p.world_size = config.world_size;
   p.first_rank = 0;
   p.launch_ranks = config.world_size;
@@ -134,12 +167,11 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   p.trace_count = nullptr;
   p.trace_capacity = 0;
   if (s.options.trace_events > 0) {
-    s.trace = world::allocate_trace(static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank),
-                                    s.options.trace_events);
     p.trace_count = s.trace.counts();
     p.trace = s.trace.events();
     p.trace_capacity = static_cast<uint32_t>(s.trace.per_block);
   }
+  });
 
   const int R = config.world_size;
   MOK_CUDA_CHECK(cudaMalloc(&s.memory, s.layout.bytes));
@@ -148,10 +180,11 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   MOK_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   world::allow_backward_kernel_smem();
 
+  s.with_params([&](auto& p) {
   for (int r = 0; r < R; ++r) {
     const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
     uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
-    device::BackwardRankView& v = p.ranks[r];
+    auto& v = p.ranks[r];
     v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
     v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
     v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
@@ -165,18 +198,29 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
     v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
     v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
-    v.counters = protocol::carve_counters(g.geometry, reinterpret_cast<uint32_t*>(base + g.counters.offset),
-                                          s.report, reinterpret_cast<protocol::StallReport*>(s.report + 1));
+    auto* words = reinterpret_cast<uint32_t*>(base + g.counters.offset);
+    auto* stall = reinterpret_cast<protocol::StallReport*>(s.report + 1);
+    if constexpr (std::is_same_v<typename std::remove_reference_t<decltype(p)>::Pass, protocol::BackwardRecomputePass>) {
+      v.counters = protocol::carve_counters(g.recompute_geometry, words, s.report, stall);
+      v.kept_preact = reinterpret_cast<uint16_t*>(base + g.kept_preact.offset);
+      v.kept_shared_preact = reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset);
+    } else {
+      v.counters = protocol::carve_counters(g.geometry, words, s.report, stall);
+      v.kept_preact = nullptr;
+      v.kept_shared_preact = nullptr;
+    }
     const int32_t T = v.tokens;
     const int32_t groups[3] = {0, T, T};
     MOK_CUDA_CHECK(cudaMemcpy(base + g.shared_groups.offset, groups, sizeof(groups), cudaMemcpyHostToDevice));
   }
+  });
 }
 
 FusedBackward::~FusedBackward() = default;
 
 size_t FusedBackward::workspace_bytes() const { return state_->layout.bytes; }
 const FusedForwardOptions& FusedBackward::options() const { return state_->options; }
+BackwardMode FusedBackward::mode() const { return state_->mode; }
 
 void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream,
                         WeightGradOutput weight_grads) {
@@ -206,11 +250,12 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     require_pointer(t.dw13, "dw13", r);
     require_pointer(t.dw2, "dw2", r);
     require_pointer(t.pass_state, "pass_state (the forward's, which holds its schedule)", r);
-    require_pointer(t.preact, "preact (save mode: the training forward's pre-activations)", r);
+    const bool save = s.mode == BackwardMode::kSave;  // recompute mode reads no pre-activations
+    require_pointer(t.preact, "preact (save mode: the training forward's pre-activations)", r, save);
     if (shared) {
       require_pointer(t.shared_w13, "shared_w13", r);
       require_pointer(t.shared_w2, "shared_w2", r);
-      require_pointer(t.shared_preact, "shared_preact", r, tokens);
+      require_pointer(t.shared_preact, "shared_preact", r, tokens && save);
       require_pointer(t.dshared_w13, "dshared_w13", r);
       require_pointer(t.dshared_w2, "dshared_w2", r);
     }
@@ -221,39 +266,56 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
                    S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
   const cuuint64_t P = static_cast<cuuint64_t>(s.layout.buffer_rows);
   const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
-  std::vector<std::array<CUtensorMap, device::kNumBackwardMaps>> maps(static_cast<size_t>(R));
-  auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<BackwardPass>(kind, operand)); };
+  // Sized for the recompute table, which has the most kinds; a pass uploads its own count.
+  constexpr size_t kMostMaps = device::kBackwardMaps<protocol::BackwardRecomputePass>;
+  static_assert(kMostMaps >= device::kNumBackwardMaps);
+  std::vector<std::array<CUtensorMap, kMostMaps>> maps(static_cast<size_t>(R));
+  size_t map_count = 0;
+  s.with_params([&](auto& params) {
+  using Pass = typename std::remove_reference_t<decltype(params)>::Pass;
+  map_count = static_cast<size_t>(device::kBackwardMaps<Pass>);
+  auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<Pass>(kind, operand)); };
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const device::BackwardRankView& v = s.params.ranks[r];
+    const auto& v = params.ranks[r];
     auto& m = maps[static_cast<size_t>(r)];
     m = {};
     const cuuint64_t T = static_cast<cuuint64_t>(v.tokens);
     const cuuint64_t T_pad = align_up(T, kBoxRows);
-    m[map(BackwardPass::kGrad, 0)] = encode("dout rows", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
-    m[map(BackwardPass::kGrad, 1)] = encode("w2 (k-by-n)", t.w2, 3, {I, H, El}, {I * 2, H * I * 2}, box_mn);
-    m[map(BackwardPass::kDx, 0)] = encode("d13 rows", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_a);
-    m[map(BackwardPass::kDx, 1)] = encode("w13 (k-by-n)", t.w13, 3, {H, 2 * I, El}, {H * 2, 2 * I * H * 2}, box_mn);
-    m[map(BackwardPass::kWeightGrad13, 0)] = encode("d13 rows (mn)", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_mn);
-    m[map(BackwardPass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
-    m[map(BackwardPass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
-    m[map(BackwardPass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
+    m[map(Pass::kGrad, 0)] = encode("dout rows", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
+    m[map(Pass::kGrad, 1)] = encode("w2 (k-by-n)", t.w2, 3, {I, H, El}, {I * 2, H * I * 2}, box_mn);
+    m[map(Pass::kDx, 0)] = encode("d13 rows", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_a);
+    m[map(Pass::kDx, 1)] = encode("w13 (k-by-n)", t.w13, 3, {H, 2 * I, El}, {H * 2, 2 * I * H * 2}, box_mn);
+    m[map(Pass::kWeightGrad13, 0)] = encode("d13 rows (mn)", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_mn);
+    m[map(Pass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
+    m[map(Pass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
+    m[map(Pass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
     if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in [16 rows][64 columns] boxes
       const std::array<cuuint32_t, 3> box_out{64, 16, 1};
-      m[static_cast<size_t>(protocol::weight_grad_output_map<BackwardPass>(protocol::Tensor::kWeightGrad13))] =
+      m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(protocol::Tensor::kWeightGrad13))] =
           encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
-      m[static_cast<size_t>(protocol::weight_grad_output_map<BackwardPass>(protocol::Tensor::kWeightGrad2))] =
+      m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(protocol::Tensor::kWeightGrad2))] =
           encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);
     }
     if (S > 0 && T > 0) {
-      m[map(BackwardPass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
-      m[map(BackwardPass::kSharedGrad, 1)] =
+      m[map(Pass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
+      m[map(Pass::kSharedGrad, 1)] =
           encode("shared w2 (k-by-n)", t.shared_w2, 3, {S, H, 1}, {S * 2, H * S * 2}, box_mn);
-      m[map(BackwardPass::kSharedDx, 0)] = encode("shared d13", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_a);
-      m[map(BackwardPass::kSharedDx, 1)] =
+      m[map(Pass::kSharedDx, 0)] = encode("shared d13", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_a);
+      m[map(Pass::kSharedDx, 1)] =
           encode("shared w13 (k-by-n)", t.shared_w13, 3, {H, 2 * S, 1}, {H * 2, 2 * S * H * 2}, box_mn);
     }
+    if constexpr (std::is_same_v<Pass, protocol::BackwardRecomputePass>) {
+      // The recomputed gate/up: x rows (and x) against W13 as the forward reads it.
+      m[map(Pass::kRecompute, 0)] = encode("x rows", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
+      m[map(Pass::kRecompute, 1)] = encode_gate_up("w13 (gate/up)", t.w13, H, I, El);
+      if (S > 0 && T > 0) {
+        m[map(Pass::kSharedRecompute, 0)] = encode("x", t.x, 2, {H, T, 1}, {H * 2, 0}, box_a);
+        m[map(Pass::kSharedRecompute, 1)] = encode_gate_up("shared w13 (gate/up)", t.shared_w13, H, S, 1);
+      }
+    }
   }
+  });
 
   // The shared expert's weight gradients, run after the fused kernel over
   // each rank's own tokens from what it leaves in the workspace ([da | db]
@@ -261,28 +323,27 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   std::vector<WeightGradArgs> shared_grads;
   for (int r = 0; shared && r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const device::BackwardRankView& v = s.params.ranks[r];
     const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    const auto* groups = reinterpret_cast<const int32_t*>(s.memory + s.layout.rank_offset[static_cast<size_t>(r)] +
-                                                          g.shared_groups.offset);
+    const uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
+    const auto* groups = reinterpret_cast<const int32_t*>(base + g.shared_groups.offset);
     WeightGradArgs a;
     a.group_offset = groups;
     a.group_rows = groups + 2;
     a.num_groups = 1;
-    a.m_total = v.tokens;
+    a.m_total = c.tokens_per_rank[static_cast<size_t>(r)];
     a.accumulate = accumulate;
     auto out = [&](void* to) {
       a.out = bf16_grads ? nullptr : static_cast<float*>(to);
       a.out_bf16 = bf16_grads ? to : nullptr;
     };
-    a.a = v.shared_d13;  // dW13 = [da | db]^T x
+    a.a = base + g.shared_d13.offset;  // dW13 = [da | db]^T x
     a.b = t.x;
     out(t.dshared_w13);
     a.m = 2 * static_cast<int64_t>(S);
     a.n = static_cast<int64_t>(H);
     shared_grads.push_back(a);
     a.a = t.dout;  // dW2 = dout^T h
-    a.b = v.shared_h;
+    a.b = base + g.shared_h.offset;
     out(t.dshared_w2);
     a.m = static_cast<int64_t>(H);
     a.n = static_cast<int64_t>(S);
@@ -295,12 +356,12 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
   MOK_CUDA_CHECK(cudaMemsetAsync(s.report, 0, kReportBytes, st));
   if (s.trace.memory != nullptr) s.trace.clear(st);
-  device::FusedBackwardParams& p = s.params;
+  s.with_params([&](auto& p) {
   p.accumulate = accumulate ? 1 : 0;
   p.weight_grad_bf16 = bf16_grads ? 1 : 0;
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    device::BackwardRankView& v = p.ranks[r];
+    auto& v = p.ranks[r];
     const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
     uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
     auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
@@ -310,18 +371,20 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     v.x = static_cast<const uint16_t*>(t.x);
     v.dout = static_cast<const uint16_t*>(t.dout);
     v.weights = t.weights;
-    v.preact = static_cast<const uint16_t*>(t.preact);
-    v.shared_preact = static_cast<const uint16_t*>(t.shared_preact);
+    // Recompute mode: the pre-activations its own gate/up tasks keep.
+    v.preact = v.kept_preact != nullptr ? v.kept_preact : static_cast<const uint16_t*>(t.preact);
+    v.shared_preact = v.kept_preact != nullptr ? v.kept_shared_preact : static_cast<const uint16_t*>(t.shared_preact);
     v.dx = static_cast<uint16_t*>(t.dx);
     v.dweights = t.dweights;
     v.dw13 = t.dw13;
     v.dw2 = t.dw2;
     MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps[static_cast<size_t>(r)].data(),
-                                   sizeof(CUtensorMap) * device::kNumBackwardMaps, cudaMemcpyHostToDevice, st));
+                                   sizeof(CUtensorMap) * map_count, cudaMemcpyHostToDevice, st));
     MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, st));
     MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, st));
   }
   world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
+  });
   // The shared expert's weight gradients (checked before the launch).
   for (const WeightGradArgs& a : shared_grads) grouped_weight_grad(a, st);
   MOK_CUDA_CHECK(cudaEventRecord(s.done, st));

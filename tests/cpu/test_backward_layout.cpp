@@ -124,6 +124,39 @@ TEST(BackwardLayout, SizesAreWhatTheKernelReads) {
   }
 }
 
+// Recompute mode keeps its own [gate | up] (the forward kept none): one
+// more region per rank for the routed rows and one for the shared expert's,
+// the recompute table's counters and maps; save mode has neither region.
+TEST(BackwardLayout, RecomputeModeAddsTheKeptPreactivationsAndItsTablesCounters) {
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37});
+  const KernelFacts kernel = hopper_kernel();
+  const auto o = mok::world::backward_options(config, {}, resolved(256, 66, 3), kernel);
+  const auto save = mok::world::backward_layout(config, o, kernel, mok::BackwardMode::kSave);
+  const auto re = mok::world::backward_layout(config, o, kernel, mok::BackwardMode::kRecompute);
+  const size_t I = 128, S = 128, P = static_cast<size_t>(re.buffer_rows);
+  ASSERT_EQ(re.buffer_rows, save.buffer_rows);
+  for (size_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const auto& g = re.ranks[r];
+    EXPECT_EQ(save.ranks[r].kept_preact.bytes, 0u);
+    EXPECT_EQ(save.ranks[r].kept_shared_preact.bytes, 0u);
+    EXPECT_EQ(g.kept_preact.bytes, P * 2 * I * 2);
+    EXPECT_EQ(g.kept_shared_preact.bytes, 128 * 2 * S * 2);  // tokens rounded up to one tile
+    EXPECT_EQ(g.counters.bytes, mok::protocol::counter_words(g.recompute_geometry) * 4);
+    EXPECT_GT(g.counters.bytes, save.ranks[r].counters.bytes);  // two more counters
+    EXPECT_EQ(g.maps.bytes,
+              (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + 2) * kernel.tensor_map_bytes);
+    // The regions do not overlap and fit the rank's bytes.
+    size_t end = 0;
+    for (const auto& region : mok::world::regions(g)) {
+      EXPECT_GE(region.region.offset, end) << region.name;
+      end = region.region.offset + region.region.bytes;
+    }
+    EXPECT_LE(end, g.bytes);
+  }
+  EXPECT_GT(re.bytes, save.bytes);
+}
+
 TEST(BackwardLayout, RefusesASchedulePastTheBuffersBound) {
   // 2^30 buffer rows at most: a world whose schedule capacity passes it.
   auto config = mok::make_config(mok::find_shape("tiny"), std::vector<int>{1 << 24, 1 << 24});

@@ -1,13 +1,15 @@
-// The fused backward (mok::FusedBackward, virtual world, save mode) against the
-// CPU reference backward, and the determinism docs/backward-design.md promises:
+// The fused backward (mok::FusedBackward, virtual world) against the CPU
+// reference backward, and the determinism docs/backward-design.md promises:
 // dx, dweights, dW13 and dW2 the same bits at every world size, and every
 // output the same bits over repeated passes and any minibatch, lookahead or SM
-// split; weight gradients added once to the caller's buffers when accumulating.
+// split, and in either mode (save and recompute); weight gradients added once
+// to the caller's buffers when accumulating.
 //
-// Each test runs the forward's training pass first (pass state and gate/up
-// pre-activations kept in caller-owned buffers, poisoned beforehand so that
-// padding rows hold NaN), then the backward with every output poisoned: an
-// element the backward leaves unwritten stays NaN and fails the comparison.
+// Each test runs the forward's training pass first (pass state and, in save
+// mode, gate/up pre-activations kept in caller-owned buffers, poisoned
+// beforehand so that padding rows hold NaN), then the backward with every
+// output poisoned: an element the backward leaves unwritten stays NaN and
+// fails the comparison.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -118,17 +120,22 @@ struct SavedPass {
 // One training forward pass with its own object, destroyed before the
 // backward runs: the backward must need nothing of the forward's but what the
 // caller kept. The kept buffers are poisoned first, so the padding rows of
-// preact (never written) hold NaN that no gradient may pick up.
-SavedPass run_training_forward(const Problem& p, const mok::FusedForwardOptions& options) {
+// preact (never written) hold NaN that no gradient may pick up. For a
+// recompute-mode backward (`mode`) the pass keeps its schedule (pass state)
+// only: preact and shared_preact are empty, null in backward_tensors.
+SavedPass run_training_forward(const Problem& p, const mok::FusedForwardOptions& options,
+                               mok::BackwardMode mode = mok::BackwardMode::kSave) {
   const mok::LayerConfig& c = p.config();
   mok::FusedForward forward(c, options);
   SavedPass saved;
   std::vector<mok::RankTensors> tensors = p.device->tensors();
+  const bool keep_preact = mode == mok::BackwardMode::kSave;
   for (int r = 0; r < c.world_size; ++r) {
     const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
     saved.pass_state.emplace_back(forward.pass_state_bytes()).poison();
-    saved.preact.emplace_back(static_cast<size_t>(forward.saved_rows()) * 2 * c.intermediate * 2).poison();
-    saved.shared_preact.emplace_back(T * 2 * c.shared_width() * 2).poison();
+    saved.preact.emplace_back(keep_preact ? static_cast<size_t>(forward.saved_rows()) * 2 * c.intermediate * 2 : 0)
+        .poison();
+    saved.shared_preact.emplace_back(keep_preact ? T * 2 * c.shared_width() * 2 : 0).poison();
     mok::RankTensors& t = tensors[static_cast<size_t>(r)];
     t.pass_state = saved.pass_state.back().get();
     t.preact = saved.preact.back().get();
@@ -234,10 +241,11 @@ Grads run_backward(mok::FusedBackward& backward, const Problem& p, const SavedPa
 }
 
 // The whole sequence with one set of options for both objects: training
-// forward, poisoned outputs, backward.
-Grads forward_then_backward(const Problem& p, const mok::FusedForwardOptions& options) {
-  const SavedPass saved = run_training_forward(p, options);
-  mok::FusedBackward backward(p.config(), options);
+// forward (keeping what `mode` reads), poisoned outputs, backward.
+Grads forward_then_backward(const Problem& p, const mok::FusedForwardOptions& options,
+                            mok::BackwardMode mode = mok::BackwardMode::kSave) {
+  const SavedPass saved = run_training_forward(p, options, mode);
+  mok::FusedBackward backward(p.config(), options, mode);
   const Outputs out(p.config());
   out.poison();
   return run_backward(backward, p, saved, out);
@@ -599,6 +607,140 @@ TEST(FusedBackward, EdgeRoutings) {
   }
 }
 
+// The bf16 weight gradients of a WeightGradOutput::kBf16 pass, which fill the
+// first half of each (fp32-sized) buffer: every rank's dW13, dW2, shared dW13
+// and shared dW2, in that order.
+std::vector<uint16_t> bf16_weight_grads(const Outputs& out) {
+  std::vector<uint16_t> all;
+  for (const auto* buffers : {&out.dw13, &out.dw2, &out.dshared_w13, &out.dshared_w2}) {
+    for (const DeviceBytes& b : *buffers) {
+      std::vector<uint16_t> v = b.download<uint16_t>();
+      all.insert(all.end(), v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2));
+    }
+  }
+  return all;
+}
+
+// Recompute mode (BackwardMode::kRecompute): the forward keeps its schedule
+// only and the backward recomputes [gate | up] from the pulled x rows. The
+// training forward rounds the pre-activations it saves once to bf16 from the
+// accumulators h comes from, so a recompute with the same GEMM gives the same
+// bf16 pre-activations, and every gradient must be the save mode's, bit for
+// bit: a training run may switch modes per layer (memory against one more
+// gate/up GEMM) without changing its numbers. Each recompute result is also
+// checked against the reference: both modes leaving an element unwritten
+// (NaN poison), or wrong alike, would compare equal.
+TEST(FusedBackward, RecomputeModeGivesTheSaveModesBits) {
+  MOK_REQUIRE_HOPPER();
+  const mok::BackwardMode kRecompute = mok::BackwardMode::kRecompute;
+  {
+    SCOPED_TRACE("shared expert, uniform routing, 2 ranks with uneven tokens");
+    const auto config = layer_config(384, 192, 8, 2, 1, {230, 170});
+    const Problem p = make_problem(config, RoutingMode::kUniform, 71);
+    const SavedPass kept_all = run_training_forward(p, {});
+    const SavedPass kept_schedule = run_training_forward(p, {}, kRecompute);
+    mok::FusedBackward save(config);
+    mok::FusedBackward recompute(config, {}, kRecompute);
+    EXPECT_EQ(save.mode(), mok::BackwardMode::kSave);
+    EXPECT_EQ(recompute.mode(), kRecompute);
+    const Outputs out(config);
+    out.poison();
+    const Grads baseline = run_backward(save, p, kept_all, out);
+    out.poison();
+    const Grads g = run_backward(recompute, p, kept_schedule, out);
+    expect_matches_reference(p, g);
+    expect_same_bits(g, baseline);
+
+    // Another minibatch, lookahead and SM split, for the forward and the
+    // backward alike: the recompute tasks move in the pipeline and to other
+    // CTAs, their bits must not change.
+    mok::FusedForwardOptions options;
+    options.minibatch_rows = 128;
+    options.lookahead = 1;
+    options.ctas_per_rank = 40;
+    options.comm_ctas_per_rank = 3;
+    {
+      SCOPED_TRACE("minibatch_rows 128, lookahead 1, ctas_per_rank 40, comm_ctas_per_rank 3");
+      expect_same_bits(forward_then_backward(p, options, kRecompute), baseline);
+    }
+
+    // bf16 weight gradients (what the autograd asks for): the same rounding
+    // of the same fp32 sums in both modes; dx and dweights keep their bits.
+    // The objects above run again, after their fp32 passes.
+    const auto bf16_pass = [&](mok::FusedBackward& backward, const SavedPass& saved) {
+      out.poison();
+      backward.run(backward_tensors(p, saved, out), nullptr, mok::WeightGradOutput::kBf16);
+      backward.check();
+      return out.download();  // weight gradients: bf16 in each buffer's first half, the poison after it
+    };
+    const Grads save_bf16 = bf16_pass(save, kept_all);
+    const Grads recompute_bf16 = bf16_pass(recompute, kept_schedule);
+    {
+      SCOPED_TRACE("bf16 weight gradients");
+      expect_same_bits(recompute_bf16, save_bf16);
+      EXPECT_TRUE(same_bits(recompute_bf16.dx, baseline.dx)) << "dx";
+      EXPECT_TRUE(same_bits(recompute_bf16.dweights, baseline.dweights)) << "dweights";
+      // Written (poison in both would compare equal): no bf16 NaN of 0xFF bytes.
+      const std::vector<uint16_t> bf16 = bf16_weight_grads(out);
+      EXPECT_EQ(std::count(bf16.begin(), bf16.end(), uint16_t{0xFFFF}), 0) << "bf16 weight gradients left unwritten";
+    }
+  }
+
+  struct Case {
+    const char* what;
+    int hidden, intermediate, experts, top_k, shared;
+    RoutingMode mode;
+    std::vector<int> tokens;
+  };
+  const std::vector<Case> cases = {
+      {"skewed routing, 4 ranks (one without tokens), no shared expert", 256, 192, 8, 3, 0, RoutingMode::kSkewed,
+       {300, 0, 260, 240}},
+      {"top-1, every row on expert 0 (the other experts recompute nothing), shared", 256, 128, 8, 1, 1,
+       RoutingMode::kSameExperts, {150, 230}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto config = layer_config(c.hidden, c.intermediate, c.experts, c.top_k, c.shared, c.tokens);
+    const Problem p = make_problem(config, c.mode, 71);
+    const Grads save = forward_then_backward(p, {});
+    const Grads recompute = forward_then_backward(p, {}, kRecompute);
+    expect_matches_reference(p, recompute);
+    expect_same_bits(recompute, save);
+  }
+}
+
+// Recompute mode reads neither BackwardRankTensors::preact nor shared_preact:
+// given buffers of the save mode's sizes full of NaN (0xFF bytes), a pass
+// gives the bits it gives with them null (any value read would spread NaN).
+// The second pass of one object also shows that the recomputed
+// pre-activations of one pass are not left for the next to read.
+TEST(FusedBackward, RecomputeModeReadsNoSavedPreActivations) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(512, 320, 16, 4, 1, {260, 190});
+  const Problem p = make_problem(config, RoutingMode::kSkewed, 73);
+  const SavedPass saved = run_training_forward(p, {}, mok::BackwardMode::kRecompute);
+  mok::FusedBackward backward(config, {}, mok::BackwardMode::kRecompute);
+  const Outputs out(config);
+  out.poison();
+  const Grads g = run_backward(backward, p, saved, out);
+  expect_matches_reference(p, g);
+
+  std::vector<DeviceBytes> preact, shared_preact;  // [R]
+  std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
+  for (int r = 0; r < config.world_size; ++r) {
+    const size_t T = static_cast<size_t>(config.tokens_per_rank[static_cast<size_t>(r)]);
+    preact.emplace_back(static_cast<size_t>(mok::FusedForward::saved_rows_for(config)) * 2 * config.intermediate * 2)
+        .poison();
+    shared_preact.emplace_back(T * 2 * config.shared_width() * 2).poison();
+    ranks[static_cast<size_t>(r)].preact = preact.back().get();
+    ranks[static_cast<size_t>(r)].shared_preact = shared_preact.back().get();
+  }
+  out.poison();
+  backward.run(ranks);
+  backward.check();
+  expect_same_bits(out.download(), g);
+}
+
 // Bounded waits: with a timeout far shorter than any wait of the pass, the
 // first wait that gives up stops every role of every rank, the kernel ends
 // (no hang), and check() names the counter, the ranks and the values. The
@@ -682,21 +824,26 @@ TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   const Problem p = make_problem(config, RoutingMode::kUniform, 59);
   const SavedPass saved = run_training_forward(p, {});
   mok::FusedBackward backward(config);
+  mok::FusedBackward recompute(config, {}, mok::BackwardMode::kRecompute);
   const Outputs out(config);
   out.poison();
-  const auto expect_run_refused = [&](void (*spoil)(mok::BackwardRankTensors&), const char* field) {
+  const auto expect_run_refused = [&](mok::FusedBackward& object, void (*spoil)(mok::BackwardRankTensors&),
+                                      const char* field) {
     std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
     spoil(ranks[1]);
     try {
-      backward.run(ranks);
+      object.run(ranks);
       ADD_FAILURE() << "ran without " << field;
     } catch (const mok::Error& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
-  expect_run_refused([](mok::BackwardRankTensors& t) { t.pass_state = nullptr; }, "pass_state");
-  expect_run_refused([](mok::BackwardRankTensors& t) { t.preact = nullptr; }, "preact");
-  expect_run_refused([](mok::BackwardRankTensors& t) { t.dout = static_cast<const char*>(t.dout) + 2; }, "dout");
+  expect_run_refused(backward, [](mok::BackwardRankTensors& t) { t.pass_state = nullptr; }, "pass_state");
+  expect_run_refused(backward, [](mok::BackwardRankTensors& t) { t.preact = nullptr; }, "preact");
+  expect_run_refused(
+      backward, [](mok::BackwardRankTensors& t) { t.dout = static_cast<const char*>(t.dout) + 2; }, "dout");
+  // Recompute mode reads no preact, but still the schedule.
+  expect_run_refused(recompute, [](mok::BackwardRankTensors& t) { t.pass_state = nullptr; }, "pass_state");
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> dx = out.download().dx;
   EXPECT_TRUE(std::all_of(dx.begin(), dx.end(), [](uint16_t v) { return v == 0xFFFF; }))

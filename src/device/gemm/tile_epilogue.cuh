@@ -126,7 +126,7 @@ __device__ __forceinline__ void store_tile_rows(const float (&acc)[Cfg::kAccRegs
 // (up = false) or the up columns (true) of output chunk j, row half h.
 template <class Cfg>
 __device__ __forceinline__ uint32_t preactivation_pair(const float (&acc)[Cfg::kAccRegs], int j, int h, bool up) {
-  static_assert(Cfg::kEpilogue == EpilogueKind::kSwiGLU);
+  static_assert(Cfg::kGateUp && !Cfg::kSplitN, "a gate/up tile: gate columns, then up columns, in each warpgroup");
   constexpr int kUp = 4 * (Cfg::kBlockN / 16);  // as in epilogue_pair
   const int i = 4 * j + 2 * h + (up ? kUp : 0);
   return pack_bf16x2(acc[i], acc[i + 1]);

@@ -158,8 +158,10 @@ __device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cf
       up_lines[it] = make_uint4(0u, 0u, 0u, 0u);
       if (row < tile.row_end) {
         const uint16_t* const p = o.preact + static_cast<int64_t>(row) * 2 * o.n + col;
-        gate_lines[it] = __ldg(reinterpret_cast<const uint4*>(p));
-        up_lines[it] = __ldg(reinterpret_cast<const uint4*>(p + o.n));
+        // Through L2 (ld.cg), not the read-only path: in the recompute
+        // backward this pass wrote them (on other SMs) after it began.
+        gate_lines[it] = __ldcg(reinterpret_cast<const uint4*>(p));
+        up_lines[it] = __ldcg(reinterpret_cast<const uint4*>(p + o.n));
       }
     }
   };

@@ -21,21 +21,23 @@
 
 namespace mok::device {
 
-static_assert(kinds_share_mainloop<protocol::BackwardPass>(), "the backward's kinds run one mainloop shape");
+static_assert(kinds_share_mainloop<protocol::BackwardPass>() && kinds_share_mainloop<protocol::BackwardRecomputePass>(),
+              "the backward's kinds run one tile shape");
 
 // Dispatch CTAs that run the combine after their dispatch (the rest join the GEMMs).
 inline constexpr int kCombineCtas = 2;
 
-template <cuda::thread_scope kScope>
+// Params: FusedBackwardParams (save mode) or FusedBackwardRecomputeParams.
+template <cuda::thread_scope kScope, class Params>
 __global__ void __launch_bounds__(kFusedThreads, 1)
-    fused_backward_kernel(const __grid_constant__ FusedBackwardParams params) {
+    fused_backward_kernel(const __grid_constant__ Params params) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = aligned_dynamic_smem(smem_raw);
   RankBlock block;
   if (!start_rank_block(params, block)) return;  // SMs left over by the partition
   const int rank = block.rank, cta = block.cta;
 
-  RoleContext<kScope, false, FusedBackwardParams> ctx{params, rank, {params.timeout_ns}};
+  RoleContext<kScope, false, Params> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   if (cta < comm) {

@@ -21,12 +21,15 @@ namespace mok::device {
 // (protocol::map_index; a tensor read K-major by one kind and MN-major by
 // another needs two maps), then the bf16 weight gradients' outputs
 // (protocol::weight_grad_output_map).
-inline constexpr int kNumBackwardMaps = protocol::num_backward_maps<protocol::BackwardPass>();
+template <class Pass>
+inline constexpr int kBackwardMaps = protocol::num_backward_maps<Pass>();
 
-struct BackwardRankView {
+// Pass: protocol::BackwardPass (save mode) or BackwardRecomputePass.
+template <class Pass>
+struct BackwardRankViewOf {
   // Shared with the forward's view (the GEMM roles read these names).
-  protocol::PassCounters<protocol::BackwardPass> counters;
-  const CUtensorMap* maps;  // [kNumBackwardMaps]
+  protocol::PassCounters<Pass> counters;
+  const CUtensorMap* maps;  // [kBackwardMaps<Pass>]
   int32_t* expert_rows;     // [El] the forward's schedule (its pass state): real rows per local expert
   int32_t* expert_offset;   // [El + 1] padded offsets; the last, the schedule's padded rows
   RowSource* rows;          // [row capacity] home (rank, token, slot) of each schedule row
@@ -37,8 +40,10 @@ struct BackwardRankView {
   const uint16_t* x;              // bf16 [T, H]
   const uint16_t* dout;           // bf16 [T, H]
   const float* weights;           // [T, k]
-  const uint16_t* preact;         // bf16 [row capacity, 2I]: [gate | up] by schedule row (the forward's)
-  const uint16_t* shared_preact;  // bf16 [T, 2S]
+  // bf16 [row capacity, 2I]: [gate | up] by schedule row: the forward's in
+  // save mode; in recompute mode kept_preact, which this pass writes first.
+  const uint16_t* preact;
+  const uint16_t* shared_preact;  // bf16 [T, 2S] (recompute: kept_shared_preact, [T rounded up to tile_m, 2S])
   // The caller's outputs.
   uint16_t* dx;            // bf16 [T, H]
   float* dweights;         // [T, k]
@@ -56,11 +61,16 @@ struct BackwardRankView {
   uint16_t* shared_h;      // bf16 [T rounded up to tile_m, S]: h of the shared expert (its dW2's operand)
   uint16_t* shared_dx;     // bf16 [T, H]
   uint32_t* combine_next;  // [1] the next token the rank's combine warps take (zeroed with the counters)
+  // Recompute mode: where its recompute kinds keep [gate | up] (workspace;
+  // preact and shared_preact point here too). Null in save mode.
+  uint16_t* kept_preact;         // bf16 [buffer rows, 2I]
+  uint16_t* kept_shared_preact;  // bf16 [T rounded up to tile_m, 2S]
 };
 
-struct FusedBackwardParams {
-  using Pass = protocol::BackwardPass;  // the table the roles walk
-  BackwardRankView ranks[kMaxWorldSize];
+template <class PassT>
+struct FusedBackwardParamsOf {
+  using Pass = PassT;  // the table the roles walk
+  BackwardRankViewOf<Pass> ranks[kMaxWorldSize];
   int32_t world_size;
   int32_t first_rank;
   int32_t launch_ranks;
@@ -83,5 +93,11 @@ struct FusedBackwardParams {
   uint32_t* trace_count;
   uint32_t trace_capacity;
 };
+
+using BackwardRankView = BackwardRankViewOf<protocol::BackwardPass>;
+using FusedBackwardParams = FusedBackwardParamsOf<protocol::BackwardPass>;
+using BackwardRecomputeRankView = BackwardRankViewOf<protocol::BackwardRecomputePass>;
+using FusedBackwardRecomputeParams = FusedBackwardParamsOf<protocol::BackwardRecomputePass>;
+inline constexpr int kNumBackwardMaps = kBackwardMaps<protocol::BackwardPass>;
 
 }  // namespace mok::device

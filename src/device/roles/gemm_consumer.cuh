@@ -91,7 +91,13 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
   const int col0 = task.n_tile * Cfg::kOutCols;
   const int32_t row0 = task.row0;
-  if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+  if constexpr (Cfg::kEpilogue == EpilogueKind::kGateUpPreact) {
+    // The recompute backward's gate/up: [gate | up] rounded once to bf16, as
+    // the forward's training mode keeps it (the same K loop over the same
+    // rows, so the same bits), into the pass's own buffers.
+    store_preactivations<Spec>(v, SavedPreactivations{v.kept_preact, v.kept_shared_preact}, storage, acc, consumer,
+                               task, n_cols);
+  } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
     store_swiglu_backward_output<Spec>(ctx, storage, acc, consumer, task, n_cols);
   } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
     // A weight gradient: the expert's [m, n] fp32 matrix.
@@ -179,13 +185,14 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     // What the kind says of its mainloop: K only (every kind runs the one
     // mainloop shape, gemm_role.cuh), and whether TMA reads its output later.
     int32_t k = 0, n_cols = 0;
-    bool output_read_by_tma = false, per_expert = false;
+    bool output_read_by_tma = false, per_expert = false, b_mn = false;
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
       constexpr protocol::TaskKindSpec spec = Pass::kKinds[protocol::index_of<decltype(K)>];
       k = protocol::dim_of(shape, spec.k);
       n_cols = protocol::dim_of(shape, spec.n);
       output_read_by_tma = protocol::read_by_tma<Pass>(spec.out) || protocol::read_by_tma<Pass>(spec.also_out);
       per_expert = spec.rows == protocol::Rows::kExpert;
+      b_mn = spec.tile.b_major == OperandMajor::kMN;
     });
     // A warpgroup whose 64 rows are all padding (an expert's last tile, half
     // full or less) computes and stores nothing; the other one runs alone.
@@ -215,6 +222,16 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     if (per_expert) {
     } else if (idle) {
       skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall);
+    } else if constexpr (kinds_mix_b_major<Pass>()) {
+      using MNCfg = MainloopCfg<Pass, OperandMajor::kMN>;
+      using KCfg = MainloopCfg<Pass, OperandMajor::kK>;
+      if (b_mn) {
+        mma_tile<MNCfg>(reinterpret_cast<GemmSharedStorage<MNCfg>&>(smem.storage), ring, consumer,
+                        k / MainCfg::kBlockK, acc, on_stall);
+      } else {
+        mma_tile<KCfg>(reinterpret_cast<GemmSharedStorage<KCfg>&>(smem.storage), ring, consumer, k / MainCfg::kBlockK,
+                       acc, on_stall);
+      }
     } else {
       mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall);
     }

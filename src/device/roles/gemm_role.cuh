@@ -63,6 +63,26 @@ constexpr bool kinds_share_mainloop() {
 }
 static_assert(kinds_share_mainloop<protocol::ForwardPass>(), "the fused kernel runs one mainloop shape");
 
+// A K loop depends on the tile shape and on how B lies in memory (K- or
+// MN-major: the wgmma's transpose bit and the stage's descriptor), never on
+// the epilogue. A pass whose row kinds read B both ways -- the recompute
+// backward: W13 K-major for the recomputed gate/up, MN-major for the data
+// gradients -- runs one of two loops per task; every other pass keeps its
+// one (kind 0's) loop.
+template <class Pass, OperandMajor kB>
+using MainloopCfg = GemmTileConfig<PassGemmCfg<Pass>::kBlockM, PassGemmCfg<Pass>::kBlockN, kFusedStages,
+                                   EpilogueKind::kPlain, PassGemmCfg<Pass>::kElement, kB>;
+template <class Pass>
+constexpr bool kinds_mix_b_major() {
+  bool mixed = false;
+  protocol::for_each_index<Pass::kNumKinds>([&](auto K) {
+    constexpr protocol::TaskKindSpec spec = Pass::kKinds[K];
+    if (spec.rows != protocol::Rows::kExpert && spec.tile.b_major != PassGemmCfg<Pass>::kBMajor) mixed = true;
+  });
+  return mixed;
+}
+static_assert(!kinds_mix_b_major<protocol::ForwardPass>());
+
 inline constexpr int kFetchSlots = 1;  // tasks fetched ahead of the producer (gemm_fetcher.cuh)
 inline constexpr int kTaskSlots = 2;
 inline constexpr int kDoneSlots = 2;  // finished tasks queued for the signaler
