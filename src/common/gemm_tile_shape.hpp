@@ -21,7 +21,7 @@ enum class EpilogueKind : int32_t {
   kSwiGLUQuantize = 4,
   // The backward's recompute mode (docs/backward-design.md): the gate/up
   // GEMM keeps its raw accumulators, [gate | up] rounded once to bf16 (what
-  // the forward's training mode saves), instead of h. No device epilogue yet.
+  // the forward's training mode saves), instead of h (roles/gemm_consumer.cuh).
   kGateUpPreact = 5,
 };
 

@@ -134,8 +134,8 @@ struct BackwardPass : BackwardCommon {
 
 static_assert(pass_table_is_consistent<BackwardPass>(), "the backward's table breaks a rule of pass_table.hpp");
 
-// The backward in recompute mode (table only: no kernel runs it yet; its
-// order and dataflow are checked on the CPU). The forward kept nothing but
+// The backward in recompute mode (mok::BackwardMode::kRecompute; its order
+// and dataflow are checked on the CPU as save mode's). The forward kept nothing but
 // its schedule: the pre-activations are recomputed from the pulled x rows
 // (and the shared expert's from x) by a gate/up GEMM that keeps [gate | up]
 // instead of h, before the g tasks that read them.
