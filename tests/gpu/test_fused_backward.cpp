@@ -565,15 +565,17 @@ TEST(FusedBackward, Bf16WeightGradientsAreTheFp32SumsRoundedOnce) {
   }
 }
 
+// A layer and a routing, as the tests below list them.
+struct LayerCase {
+  const char* what;
+  int hidden, intermediate, experts, top_k, shared;
+  RoutingMode mode;
+  std::vector<int> tokens;
+};
+
 TEST(FusedBackward, EdgeRoutings) {
   MOK_REQUIRE_HOPPER();
-  struct Case {
-    const char* what;
-    int hidden, intermediate, experts, top_k, shared;
-    RoutingMode mode;
-    std::vector<int> tokens;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<LayerCase> cases = {
       {"top-1, shared", 256, 128, 8, 1, 1, RoutingMode::kUniform, {150, 230}},
       {"top-1, every row on expert 0, a rank without tokens, no shared", 256, 192, 8, 1, 0,
        RoutingMode::kSameExperts, {120, 0, 200, 90}},
@@ -582,7 +584,7 @@ TEST(FusedBackward, EdgeRoutings) {
       {"no shared, three ranks without tokens", 512, 256, 16, 2, 0, RoutingMode::kSkewed,
        {0, 100, 0, 120, 130, 0, 50, 110}},
   };
-  for (const Case& c : cases) {
+  for (const LayerCase& c : cases) {
     SCOPED_TRACE(c.what);
     const auto config = layer_config(c.hidden, c.intermediate, c.experts, c.top_k, c.shared, c.tokens);
     const Problem p = make_problem(config, c.mode, 53);
@@ -686,19 +688,13 @@ TEST(FusedBackward, RecomputeModeGivesTheSaveModesBits) {
     }
   }
 
-  struct Case {
-    const char* what;
-    int hidden, intermediate, experts, top_k, shared;
-    RoutingMode mode;
-    std::vector<int> tokens;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<LayerCase> cases = {
       {"skewed routing, 4 ranks (one without tokens), no shared expert", 256, 192, 8, 3, 0, RoutingMode::kSkewed,
        {300, 0, 260, 240}},
       {"top-1, every row on expert 0 (the other experts recompute nothing), shared", 256, 128, 8, 1, 1,
        RoutingMode::kSameExperts, {150, 230}},
   };
-  for (const Case& c : cases) {
+  for (const LayerCase& c : cases) {
     SCOPED_TRACE(c.what);
     const auto config = layer_config(c.hidden, c.intermediate, c.experts, c.top_k, c.shared, c.tokens);
     const Problem p = make_problem(config, c.mode, 71);
