@@ -302,7 +302,7 @@ TEST(PassDataflow, TheBackwardTableReadsOnlyCompleteRows) {
   }
 }
 
-// Recompute mode (no kernel yet): the g tasks' epilogue reads the
+// Recompute mode (BackwardMode::kRecompute): the g tasks' epilogue reads the
 // pre-activations the recompute tasks wrote (TaskKindSpec::also_in).
 TEST(PassDataflow, TheBackwardRecomputeTableReadsOnlyCompleteRows) {
   for (int lookahead : {1, 2}) {

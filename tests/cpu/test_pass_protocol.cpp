@@ -639,7 +639,7 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
 // The backward's table (docs/backward-design.md; the fused backward kernel
 // runs it): the same check, with per-expert counters whose targets come from
 // the schedule (uneven experts, an empty one) and the finale of
-// weight-gradient tiles. Its recompute-mode table too (no kernel yet).
+// weight-gradient tiles. Its recompute-mode table too.
 template <class P>
 void check_backward_order() {
   for (int minibatch_tiles : {1, 2, 3}) {
