@@ -26,6 +26,7 @@
 #include "world/backward_kernel.hpp"
 #include "world/backward_layout.hpp"
 #include "world/forward_options.hpp"
+#include "world/pass_params.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
@@ -148,21 +149,9 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
                                     s.options.trace_events);
   }
   s.with_params([&](auto& p) {
-  p.world_size = config.world_size;
+  world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
   p.first_rank = 0;
   p.launch_ranks = config.world_size;
-  p.hidden = config.hidden;
-  p.intermediate = config.intermediate;
-  p.shared_width = config.shared_width();
-  p.top_k = config.top_k;
-  p.num_local_experts = config.experts_per_rank();
-  p.tile_m = s.kernel.tile_m;
-  p.minibatch_rows = s.options.minibatch_rows;
-  p.ring_slots = s.options.ring_slots;
-  p.lookahead = s.options.lookahead;
-  p.ctas_per_rank = s.options.ctas_per_rank;
-  p.comm_ctas_per_rank = s.options.comm_ctas_per_rank;
-  p.timeout_ns = static_cast<uint64_t>(s.options.timeout_seconds * 1e9);
   p.trace = nullptr;
   p.trace_count = nullptr;
   p.trace_capacity = 0;

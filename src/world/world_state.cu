@@ -6,6 +6,7 @@
 #include "protocol/counters.hpp"
 #include "protocol/world_barrier.hpp"
 #include "world/device_scope.hpp"
+#include "world/pass_params.hpp"
 
 namespace mok::world {
 
@@ -81,19 +82,7 @@ void WorldState::fill_params() {
   const LayerConfig& c = config;
   const FusedForwardOptions& o = options;
   device::FusedForwardParams& p = params;
-  p.world_size = c.world_size;
-  p.hidden = c.hidden;
-  p.intermediate = c.intermediate;
-  p.shared_width = c.shared_width();
-  p.top_k = c.top_k;
-  p.num_local_experts = c.experts_per_rank();
-  p.tile_m = kernel.tile_m;
-  p.minibatch_rows = o.minibatch_rows;
-  p.ring_slots = o.ring_slots;
-  p.lookahead = o.lookahead;
-  p.ctas_per_rank = o.ctas_per_rank;
-  p.comm_ctas_per_rank = o.comm_ctas_per_rank;
-  p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
+  fill_pass_params(p, c, o, kernel.tile_m);
   if (trace_memory != nullptr) {
     p.trace_count = reinterpret_cast<uint32_t*>(trace_memory);
     p.trace = reinterpret_cast<TraceEvent*>(trace_memory + trace_count_bytes());
