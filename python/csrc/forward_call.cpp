@@ -59,9 +59,7 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
     config.shared_intermediate = checked_int(S, "S (shared_w2.size(1))");
   }
   for (int64_t r = 0; r < R; ++r) {
-    std::string at = "[";  // appended, not "[" + ... + "]": GCC 12 warns falsely (-Wrestrict) on that
-    at += num(r);
-    at += "]";
+    const std::string at = at_rank(r);
     check_tensor(x[r], "x" + at, kActivations, call.device);
     check_tensor(expert_ids[r], "expert_ids" + at, kExpertIds, call.device);
     check_tensor(weights[r], "weights" + at, kRoutingWeights, call.device);

@@ -81,6 +81,7 @@
 
 namespace {
 
+using mok::torch_ops::at_rank;
 using mok::torch_ops::check_shape;
 using mok::torch_ops::check_tensor;
 using mok::torch_ops::checked_int;
@@ -155,13 +156,6 @@ struct BackwardCall {
   bool bf16 = false;        // the kernel writes the weight gradients rounded once to bf16 (bf16_output)
   int64_t capacity = 0;     // schedule rows the pass reads: FusedForward::saved_rows_for(config)
 };
-
-std::string at_rank(int64_t r) {
-  std::string at = "[";  // appended, not "[" + ... + "]": GCC 12 warns falsely (-Wrestrict) on that
-  at += num(r);
-  at += "]";
-  return at;
-}
 
 BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, at::TensorList w13,
                                       at::TensorList w2, const std::optional<at::Tensor>& shared_w13,

@@ -23,6 +23,14 @@ inline std::string shape_of(const at::Tensor& t) {
   return s + "]";
 }
 
+// "[r]": rank r's entry of a per-rank list argument, for messages.
+inline std::string at_rank(int64_t r) {
+  std::string at = "[";  // appended, not "[" + ... + "]": GCC 12 warns falsely (-Wrestrict) on that
+  at += num(r);
+  at += "]";
+  return at;
+}
+
 // `value` as an int, refusing what an int cannot hold instead of wrapping
 // into a valid-looking number. `name` names it in the message.
 inline int checked_int(int64_t value, const std::string& name) {
