@@ -1,12 +1,18 @@
 // torch.ops.mok.fused_backward: the fused backward kernel (mok::FusedBackward,
 // include/mok/fused_backward.hpp) over a virtual world of R ranks on one GPU,
-// save mode: it reads what torch.ops.mok.fused_forward_train kept. Rank r's
-// tensors are entry r of each list, as for the forward:
+// in save or recompute mode: it reads what torch.ops.mok.fused_forward_train
+// kept. Rank r's tensors are entry r of each list, as for the forward:
 //   x[r] bf16 [T_r, H], weights[r] fp32 [T_r, k], w13[r] bf16 [E/R, 2I, H],
 //   w2[r] bf16 [E/R, H, I], shared_w13 bf16 [2S, H] and shared_w2 [H, S] or
 //   None: the forward's inputs, unchanged since;
 //   preact, shared_preact, expert_rows, expert_offset, schedule_rows: the
-//   training op's outputs after `out`, as it returned them;
+//   training op's outputs after `out`, as it returned them. preact and
+//   shared_preact both EMPTY LISTS (what the training op returns with
+//   keep_preact=False) select recompute mode (mok::BackwardMode::kRecompute):
+//   the kernel recomputes [gate | up] from the pulled x rows and x, no
+//   pre-activation is read, and the gradients are save mode's bits. Else
+//   each holds one tensor per rank (save mode); one empty and not the
+//   other is refused;
 //   dout[r] bf16 [T_r, H]: dL/dout of rank r's out;
 //   tuning: the forward's tuning list (the backward is made with the same
 //   FusedForwardOptions; it replaces ring_slots with its own);
@@ -45,8 +51,10 @@
 // schedule rows past this call's capacity are never part of the schedule, and
 // only the first saved_rows_for(this call's layer) rows are read.
 //
-// One FusedBackward per layer shape, device and tuning (the forward op cache's
-// key, with this call's token counts), made with the forward's options (it
+// One FusedBackward per layer shape, device, tuning and mode (the forward op
+// cache's key, with this call's token counts, and the BackwardMode: a save-mode
+// and a recompute-mode object of one layer are two entries, their workspaces
+// differ), made with the forward's options (it
 // validates them as the forward did, then replaces ring_slots with its own),
 // kept in a small LRU cache like the forward's. FusedBackward has no per-pass
 // token count (RankTensors::tokens' twin), so MOK_TOKEN_BUCKET does not reach
@@ -108,6 +116,13 @@ static_assert(sizeof(mok::RowSource) == 3 * sizeof(int32_t), "a schedule row is 
 // times the forward's ring (about 2 GB for DeepSeek-V3's per-GPU share).
 constexpr size_t kBackwardCacheCapacity = 4;
 
+// The cache's key: the forward's, and the mode the object was made in.
+struct BackwardKey {
+  mok::torch_ops::ForwardKey forward;
+  mok::BackwardMode mode = mok::BackwardMode::kSave;
+  auto operator<=>(const BackwardKey&) const = default;
+};
+
 struct CachedBackward {
   std::mutex mutex;  // run() reuses the workspace and host-side state: one pass at a time
   std::unique_ptr<mok::FusedBackward> backward;
@@ -115,17 +130,17 @@ struct CachedBackward {
 
 std::mutex cache_mutex;
 
-mok::torch_ops::LruCache<mok::torch_ops::ForwardKey, CachedBackward>& cache() {
-  static mok::torch_ops::LruCache<mok::torch_ops::ForwardKey, CachedBackward> objects(kBackwardCacheCapacity);
+mok::torch_ops::LruCache<BackwardKey, CachedBackward>& cache() {
+  static mok::torch_ops::LruCache<BackwardKey, CachedBackward> objects(kBackwardCacheCapacity);
   return objects;
 }
 
-std::shared_ptr<CachedBackward> cached_backward(const mok::torch_ops::ForwardKey& key,
-                                                const mok::LayerConfig& config) {
+std::shared_ptr<CachedBackward> cached_backward(const BackwardKey& key, const mok::LayerConfig& config) {
   std::lock_guard<std::mutex> lock(cache_mutex);  // held while an object is made (it allocates)
   return cache().get_or_make(key, [&] {
     auto made = std::make_shared<CachedBackward>();
-    made->backward = std::make_unique<mok::FusedBackward>(config, mok::torch_ops::forward_options(key.tuning));
+    made->backward =
+        std::make_unique<mok::FusedBackward>(config, mok::torch_ops::forward_options(key.forward.tuning), key.mode);
     return made;
   });
 }
@@ -149,7 +164,8 @@ bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defi
 // The layer the arguments describe, once they are checked.
 struct BackwardCall {
   mok::LayerConfig config;  // this call's token counts (the backward has no capacity of its own)
-  mok::torch_ops::ForwardKey key;
+  BackwardKey key;
+  bool recompute = false;   // preact and shared_preact empty: BackwardMode::kRecompute
   at::Device device = at::kCPU;
   bool has_shared = false;
   bool accumulate = false;  // any main buffer given
@@ -165,17 +181,30 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
                                       at::TensorList dout, at::IntArrayRef tuning, const MainGrads& main) {
   const int64_t R = static_cast<int64_t>(x.size());
   expect(R >= 1, "x must hold one tensor per rank (got an empty list)");
-  const std::pair<at::TensorList, const char*> lists[] = {
-      {weights, "weights"}, {w13, "w13"}, {w2, "w2"}, {preact, "preact"}, {shared_preact, "shared_preact"},
-      {expert_rows, "expert_rows"}, {expert_offset, "expert_offset"}, {schedule_rows, "schedule_rows"},
-      {dout, "dout"}};
-  for (const auto& [list, name] : lists) {
+  // Recompute mode: no pre-activations at all (the training op's keep_preact=False).
+  const bool recompute = preact.empty() && shared_preact.empty();
+  expect(recompute || (!preact.empty() && !shared_preact.empty()),
+         "preact and shared_preact must both be empty lists (recompute mode) or both hold one tensor per rank "
+         "(save mode); got " + num(static_cast<int64_t>(preact.size())) + " and " +
+             num(static_cast<int64_t>(shared_preact.size())) + " tensors");
+  struct PerRank {
+    at::TensorList list;
+    const char* name;
+    bool required;
+  };
+  const PerRank lists[] = {
+      {weights, "weights", true}, {w13, "w13", true}, {w2, "w2", true}, {preact, "preact", !recompute},
+      {shared_preact, "shared_preact", !recompute}, {expert_rows, "expert_rows", true},
+      {expert_offset, "expert_offset", true}, {schedule_rows, "schedule_rows", true}, {dout, "dout", true}};
+  for (const auto& [list, name, required] : lists) {
+    if (!required) continue;
     expect(static_cast<int64_t>(list.size()) == R, std::string(name) + " must hold " + num(R) +
                                                         " tensors, one per rank, as x does (got " +
                                                         num(static_cast<int64_t>(list.size())) + ")");
   }
 
   BackwardCall call;
+  call.recompute = recompute;
   call.device = x[0].device();
   mok::torch_ops::expect_cuda(call.device, "x[0]");
   check_tensor(x[0], "x[0]", kActivations, call.device);
@@ -210,14 +239,16 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
     check_tensor(w13[r], "w13" + at, kExpertWeights, call.device);
     check_tensor(w2[r], "w2" + at, kExpertWeights, call.device);
     check_tensor(dout[r], "dout" + at, kActivations, call.device);
-    check_tensor(shared_preact[r], "shared_preact" + at, kSavedRows, call.device);
     const int64_t T = x[r].size(0);
     check_shape(x[r], "x" + at, {T, H}, "[T, H]");
     check_shape(weights[r], "weights" + at, {T, k}, "[T, k]");
     check_shape(w13[r], "w13" + at, {El, 2 * I, H}, "[E/R, 2I, H]");
     check_shape(w2[r], "w2" + at, {El, H, I}, "[E/R, H, I]");
     check_shape(dout[r], "dout" + at, {T, H}, "[T, H] (x" + at + "'s shape)");
-    check_shape(shared_preact[r], "shared_preact" + at, {T, 2 * S}, "[T, 2S] (S = 0 without a shared expert)");
+    if (!recompute) {
+      check_tensor(shared_preact[r], "shared_preact" + at, kSavedRows, call.device);
+      check_shape(shared_preact[r], "shared_preact" + at, {T, 2 * S}, "[T, 2S] (S = 0 without a shared expert)");
+    }
     config.tokens_per_rank.push_back(checked_int(T, "T (x" + at + ".size(0))"));
   }
 
@@ -226,16 +257,18 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
   call.capacity = mok::FusedForward::saved_rows_for(config);
   for (int64_t r = 0; r < R; ++r) {
     const std::string at = at_rank(r);
-    check_tensor(preact[r], "preact" + at, kSavedRows, call.device);
+    if (!recompute) check_tensor(preact[r], "preact" + at, kSavedRows, call.device);
     check_tensor(expert_rows[r], "expert_rows" + at, kScheduleCounts, call.device);
     check_tensor(expert_offset[r], "expert_offset" + at, kScheduleCounts, call.device);
     check_tensor(schedule_rows[r], "schedule_rows" + at, kScheduleRows, call.device);
     check_shape(expert_rows[r], "expert_rows" + at, {El}, "[E/R]");
     check_shape(expert_offset[r], "expert_offset" + at, {El + 1}, "[E/R + 1]");
-    expect(preact[r].size(1) == 2 * I && preact[r].size(0) >= call.capacity,
-           "preact" + at + " must be [rows, 2I] with rows >= " + num(call.capacity) +
-               " (the training forward's saved rows for this layer; 2I = " + num(2 * I) + "), got " +
-               shape_of(preact[r]));
+    if (!recompute) {
+      expect(preact[r].size(1) == 2 * I && preact[r].size(0) >= call.capacity,
+             "preact" + at + " must be [rows, 2I] with rows >= " + num(call.capacity) +
+                 " (the training forward's saved rows for this layer; 2I = " + num(2 * I) + "), got " +
+                 shape_of(preact[r]));
+    }
     expect(schedule_rows[r].size(1) == 3 && schedule_rows[r].size(0) >= call.capacity,
            "schedule_rows" + at + " must be [rows, 3] with rows >= " + num(call.capacity) +
                " (the training forward's saved rows for this layer), got " + shape_of(schedule_rows[r]));
@@ -255,7 +288,8 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
   check_main(main.shared_w13, "main_shared_w13", kMainGrad2, {2 * S, H}, "[2S, H]");
   check_main(main.shared_w2, "main_shared_w2", kMainGrad2, {H, S}, "[H, S]");
 
-  mok::torch_ops::ForwardKey& key = call.key;
+  call.key.mode = recompute ? mok::BackwardMode::kRecompute : mok::BackwardMode::kSave;
+  mok::torch_ops::ForwardKey& key = call.key.forward;
   key.tokens_per_rank = config.tokens_per_rank;
   key.hidden = config.hidden;
   key.intermediate = config.intermediate;
@@ -379,8 +413,9 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     t.shared_w13 = call.has_shared ? shared_w13->data_ptr() : nullptr;
     t.shared_w2 = call.has_shared ? shared_w2->data_ptr() : nullptr;
     t.pass_state = states.back().data_ptr();
-    t.preact = preact[r].data_ptr();
-    t.shared_preact = call.has_shared ? shared_preact[r].data_ptr() : nullptr;
+    // Recompute mode: null (the kernel keeps its own [gate | up]).
+    t.preact = call.recompute ? nullptr : preact[r].data_ptr();
+    t.shared_preact = call.has_shared && !call.recompute ? shared_preact[r].data_ptr() : nullptr;
     t.dout = dout[r].data_ptr();
     t.dx = dx.narrow(0, first, T).data_ptr();
     t.dweights = dweights_rows.data_ptr<float>();

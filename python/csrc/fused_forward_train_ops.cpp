@@ -6,7 +6,20 @@
 //   expert_rows    int32 [E/R]            the schedule: real rows per local expert,
 //   expert_offset  int32 [E/R + 1]        their padded start rows,
 //   schedule_rows  int32 [saved rows, 3]  and each row's home (rank, token, slot), rank -1: padding
-// Rows past expert_offset[-1], and padding rows, hold no data. Kernels: CUDA,
+// Rows past expert_offset[-1], and padding rows, hold no data.
+//
+// keep_preact=False (recompute mode of the fused backward): the pass keeps
+// the schedule only, not the pre-activations (no buffers are allocated or
+// given to the library: RankTensors::preact and shared_preact stay null, so
+// the inference instantiation of the kernel runs, with the caller's pass
+// state). preact and shared_preact then come back as EMPTY LISTS (not a
+// tensor per rank): the other four outputs are as with keep_preact=True, and
+// the five after out, passed on unchanged, are what torch.ops.mok.fused_backward
+// takes in its recompute mode (empty preact lists mean recompute). Empty
+// lists rather than zero-size tensors: nothing to allocate, nothing the
+// fake kernel or torch.compile has to size, and no tensor that looks like
+// saved pre-activations. The output bits are the same either way. The
+// default (True) keeps the schema's old calls and traces as they were. Kernels: CUDA,
 // Meta, CPU (refuses). The argument checks are fused_forward's.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -28,8 +41,9 @@ namespace {
 using TrainOutputs = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
                                 std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>;
 
-// The saved tensors' shapes (the same on the CUDA and Meta paths).
-TrainOutputs allocate(const mok::torch_ops::ForwardCall& call, at::TensorList x) {
+// The saved tensors' shapes (the same on the CUDA and Meta paths); without
+// keep_preact, preact and shared_preact are empty lists.
+TrainOutputs allocate(const mok::torch_ops::ForwardCall& call, at::TensorList x, bool keep_preact) {
   const mok::LayerConfig& c = call.config;
   const int64_t rows = mok::FusedForward::saved_rows_for(c);
   const int64_t El = c.experts_per_rank();
@@ -38,8 +52,10 @@ TrainOutputs allocate(const mok::torch_ops::ForwardCall& call, at::TensorList x)
   TrainOutputs o;
   for (size_t r = 0; r < x.size(); ++r) {
     std::get<0>(o).push_back(at::empty_like(x[r]));
-    std::get<1>(o).push_back(at::empty({rows, 2 * static_cast<int64_t>(c.intermediate)}, bf16));
-    std::get<2>(o).push_back(at::empty({x[r].size(0), 2 * static_cast<int64_t>(c.shared_width())}, bf16));
+    if (keep_preact) {
+      std::get<1>(o).push_back(at::empty({rows, 2 * static_cast<int64_t>(c.intermediate)}, bf16));
+      std::get<2>(o).push_back(at::empty({x[r].size(0), 2 * static_cast<int64_t>(c.shared_width())}, bf16));
+    }
     std::get<3>(o).push_back(at::empty({El}, i32));
     std::get<4>(o).push_back(at::empty({El + 1}, i32));
     std::get<5>(o).push_back(at::empty({rows, 3}, i32));
@@ -51,11 +67,11 @@ TrainOutputs fused_forward_train_cuda(at::TensorList x, at::TensorList expert_id
                                       at::TensorList w13, at::TensorList w2,
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                      at::IntArrayRef tuning, bool check_errors) {
+                                      at::IntArrayRef tuning, bool check_errors, bool keep_preact) {
   const auto call = mok::torch_ops::check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
                                                             num_experts, tuning);
   const c10::cuda::CUDAGuard guard(call.device);
-  TrainOutputs o = allocate(call, x);
+  TrainOutputs o = allocate(call, x, keep_preact);
   auto& [out, preact, shared_preact, expert_rows, expert_offset, schedule_rows] = o;
   mok::torch_ops::raising_torch_errors([&] {
     auto cached = mok::torch_ops::cached_forward(call.key, call.config);
@@ -73,8 +89,10 @@ TrainOutputs fused_forward_train_cuda(at::TensorList x, at::TensorList expert_id
                                                         shared_w2, call.has_shared, out[r]);
       t.tokens = call.tokens[r];
       t.pass_state = states.back().data_ptr();
-      t.preact = preact[r].data_ptr();
-      t.shared_preact = call.has_shared ? shared_preact[r].data_ptr() : nullptr;
+      if (keep_preact) {  // else null: the schedule (pass_state) only
+        t.preact = preact[r].data_ptr();
+        t.shared_preact = call.has_shared ? shared_preact[r].data_ptr() : nullptr;
+      }
       tensors.push_back(t);
     }
     forward.run(tensors, stream);
@@ -95,10 +113,10 @@ TrainOutputs fused_forward_train_meta(at::TensorList x, at::TensorList expert_id
                                       at::TensorList w13, at::TensorList w2,
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                      at::IntArrayRef tuning, bool /*check_errors*/) {
+                                      at::IntArrayRef tuning, bool /*check_errors*/, bool keep_preact) {
   return allocate(mok::torch_ops::check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
                                                           num_experts, tuning),
-                  x);
+                  x, keep_preact);
 }
 
 }  // namespace
@@ -106,7 +124,8 @@ TrainOutputs fused_forward_train_meta(at::TensorList x, at::TensorList expert_id
 TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward_train(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
-      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors=False) -> "
+      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors=False, "
+      "bool keep_preact=True) -> "
       "(Tensor[] out, Tensor[] preact, Tensor[] shared_preact, Tensor[] expert_rows, Tensor[] expert_offset, "
       "Tensor[] schedule_rows)");
 }

@@ -15,19 +15,23 @@ is looked for), which registers:
                               shared_w2, num_experts, tuning, check_errors) -> out
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
-  torch.ops.mok.fused_forward_train(...same...) -> (out, preact, shared_preact,
-                                                   expert_rows, expert_offset, schedule_rows)
+  torch.ops.mok.fused_forward_train(...same..., keep_preact=True)
+      -> (out, preact, shared_preact, expert_rows, expert_offset, schedule_rows)
       The same forward in training mode: also keeps, per rank, the gate/up
       pre-activations and the schedule (python/csrc/fused_forward_train_ops.cpp).
+      keep_preact=False: the schedule only; preact and shared_preact are then
+      empty lists (what fused_backward's recompute mode takes).
   torch.ops.mok.fused_backward(x, weights, w13, w2, shared_w13, shared_w2,
                                preact, shared_preact, expert_rows, expert_offset,
                                schedule_rows, dout, tuning, main_w13=None, main_w2=None,
                                main_shared_w13=None, main_shared_w2=None, check_errors=False,
                                bf16_weight_grads=False)
       -> (dx, dweights, dw13, dw2, dshared_w13, dshared_w2)
-      The fused backward kernel over the same virtual world, save mode: the
+      The fused backward kernel over the same virtual world: the
       forward's inputs (per-rank lists, as fused_forward takes them), what
-      fused_forward_train kept (its outputs after out, unchanged), dout[r]
+      fused_forward_train kept (its outputs after out, unchanged: preact and
+      shared_preact empty lists, from keep_preact=False, select recompute
+      mode, which recomputes gate/up and gives save mode's bits), dout[r]
       bf16 [T_r, H] and the forward's tuning list. Returns single tensors,
       the ranks in order: dx bf16 [T, H] and dweights fp32 [T, k] (T = sum
       of T_r), dw13 fp32 [E, 2I, H] and dw2 fp32 [E, H, I] (rank r's experts
@@ -40,9 +44,10 @@ is looked for), which registers:
       kernel (the bits of rounding the fp32 outputs), wherever the kernel
       writes all of them itself (no main_* given; R = 1 or no shared expert),
       fp32 otherwise. mok.fused_forward's
-      save-mode autograd calls it (mok/autograd.py; MOK_BACKWARD=staged
-      switches back to the staged backward). torch.ops.mok.backward_cache_info()
-      -> [objects held, capacity] of its cache of FusedBackward objects.
+      autograd calls it with MOK_BACKWARD=fused, in save and recompute mode
+      (mok/autograd.py). torch.ops.mok.backward_cache_info()
+      -> [objects held, capacity] of its cache of FusedBackward objects (one
+      per layer shape, tuning and mode).
 
 The backward's building blocks (the staged backward, mok/staged_backward.py,
 chains them; rows outside every group come back as zeros):
@@ -63,9 +68,9 @@ chains them; rows outside every group come back as zeros):
 Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
 traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
-(fused_forward in save mode on CUDA: the fused backward kernel; otherwise
-staged: separate kernels); grouped_mm_swiglu's backward raises. K and N must
-be multiples of 64.
+(fused_forward with MOK_BACKWARD=fused on CUDA: the fused backward kernel;
+otherwise staged: separate kernels); grouped_mm_swiglu's backward raises. K
+and N must be multiples of 64.
 """
 
 from __future__ import annotations
@@ -188,9 +193,16 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     kernel, which also keeps its schedule and the gate/up pre-activations
     (saved rows x 2I bf16 per rank, mok.FusedForward's saved_rows()), and the
     backward reads them instead (save mode: the same gradient bits, one GEMM
-    fewer). On CUDA, save mode's backward is the fused backward kernel
-    (torch.ops.mok.fused_backward, one persistent kernel) unless
-    MOK_BACKWARD=staged; its bits are the staged backward's, except the
+    fewer).
+
+    MOK_BACKWARD=fused (unset or "auto": the staged backward, the faster on
+    one GPU today) makes the backward on CUDA the fused backward kernel
+    (torch.ops.mok.fused_backward, one persistent kernel) in either mode: in
+    save mode it reads what the training kernel kept; in recompute mode,
+    where autograd records the call, the forward runs the training kernel
+    with keep_preact=False instead of the plain op (the same out; it keeps
+    the schedule only) and the kernel recomputes gate/up itself (recompute
+    mode: save mode's bits). Its bits are the staged backward's, except the
     shared expert's weight gradients at R > 1, which it sums per rank and
     then over ranks in rank order (mok/autograd.py says more).
 
@@ -206,10 +218,14 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     """
     tuning_list(tuning)  # unknown names raise TypeError before any lookup
     options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
-    op = torch.ops.mok.fused_forward_train if save_activations else torch.ops.mok.fused_forward
-    result = op(list(x), list(expert_ids), list(weights), list(w13), list(w2), shared_w13, shared_w2, num_experts,
-                tuning_list(options), check_errors)
-    return result[0] if save_activations else result
+    args = (list(x), list(expert_ids), list(weights), list(w13), list(w2), shared_w13, shared_w2, num_experts,
+            tuning_list(options), check_errors)
+    if save_activations:
+        return torch.ops.mok.fused_forward_train(*args)[0]
+    if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2):
+        # Recompute mode of the fused backward kernel: the schedule only.
+        return torch.ops.mok.fused_forward_train(*args, keep_preact=False)[0]
+    return torch.ops.mok.fused_forward(*args)
 
 
 def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):

@@ -9,12 +9,28 @@
                      or with MOK_BACKWARD=fused on CUDA tensors the fused
                      backward kernel (torch.ops.mok.fused_backward: one
                      persistent kernel, the staged backward's arithmetic).
+                     With keep_preact=False the forward kept its schedule
+                     only: recompute mode of the fused backward kernel (it
+                     recomputes gate/up itself; the same gradient bits as
+                     save mode), or, if the backward is the staged one, the
+                     staged backward in recompute mode (it recomputes its own
+                     schedule too).
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
   grouped_mm_swiglu, process_world_run
                      no backward of their own: backward raises a clear error
                      instead of leaving gradients silently None. (The process
                      world's layer, mok.distributed.FusedMoEWorld, has one:
                      mok/ep_backward.py, through an autograd.Function.)
+
+Recompute mode (save_activations=False, mok.fused_forward's default) with
+MOK_BACKWARD=fused, on CUDA tensors, where autograd records the call (grad
+mode on, some input requiring grad): mok.fused_forward runs
+fused_forward_train(..., keep_preact=False) instead of the plain op (the same
+out bits; the forward also keeps its schedule, ~0.44 MB per rank on the
+DeepSeek-V3 slice) and the backward is the fused backward kernel in recompute
+mode (torch.ops.mok.fused_backward with empty preact lists). Without grad, or
+with MOK_BACKWARD unset, "auto" or "staged", recompute mode is unchanged: the
+plain forward op and the staged backward.
 
 Weight gradients reach autograd in the weights' dtype (bf16): the kernels
 accumulate in fp32 and the staged backward rounds once. For fp32 gradient
@@ -27,7 +43,8 @@ no .grad for that weight. Double backward (create_graph=True) is not supported a
 MOK_BACKWARD (read when the forward runs, which decides what it keeps for the
 backward): "auto" or unset, today the staged backward (the faster of the two
 on one GPU, docs/perf-notes.md b5); "staged", the staged backward always;
-"fused", the fused backward kernel in save mode, raising where it cannot run. The two give the same gradient bits (same
+"fused", the fused backward kernel in save mode and in recompute mode, raising
+where it cannot run (non-CUDA tensors). The two give the same gradient bits (same
 arithmetic per element, same sum orders), with one exception: in a virtual
 world of R > 1 ranks the fused backward computes the shared expert's weight
 gradients as one share per rank (each rank's tokens, as data parallelism
@@ -97,7 +114,7 @@ def _main_grads(w13, w2, shared_w13, shared_w2):
 
 
 def _setup_fused_forward(ctx, inputs, output, kept=()):
-    x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning, _ = inputs
+    x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning = inputs[:9]  # then check_errors (keep_preact)
     ctx.world = len(x)
     ctx.main_grads = _main_grads(w13, w2, shared_w13, shared_w2)
     ctx.tuning_is_empty_list = len(tuning) == 0  # its "gradient" must mirror that (see _fit)
@@ -125,7 +142,8 @@ BACKWARD_MODES = ("auto", "fused", "staged")
 
 
 def backward_path(device: torch.device) -> str:
-    """"fused" or "staged": the backward that save mode gets for tensors on
+    """"fused" or "staged": the backward that save mode (and, when "fused",
+    recompute mode: fused_recompute) gets for tensors on
     `device` under the current MOK_BACKWARD (see the module docstring). The
     fused backward needs CUDA tensors (a virtual world on one GPU: this
     autograd never sees the process world, whose layer has its own backward,
@@ -148,6 +166,24 @@ def backward_path(device: torch.device) -> str:
     return "fused" if runs else "staged"
 
 
+def fused_recompute(x, *differentiable) -> bool:
+    """Whether mok.fused_forward in recompute mode (save_activations=False)
+    runs fused_forward_train(..., keep_preact=False) for the fused backward
+    kernel's recompute mode: autograd records the call (grad mode on, some
+    tensor of x or of `differentiable` -- lists of tensors, tensors, or None
+    -- requires grad) and backward_path is "fused" (MOK_BACKWARD=fused; CUDA
+    tensors, else it raises). Otherwise the plain op and the staged backward.
+    Read when the forward runs; under torch.compile, when it is traced."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [t for group in (x, *differentiable) for t in (group if isinstance(group, (list, tuple)) else [group])]
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        return False
+    if not isinstance(x, (list, tuple)) or not x or not isinstance(x[0], torch.Tensor):
+        return False  # malformed: the plain op names what is wrong
+    return backward_path(x[0].device) == "fused"
+
+
 def _setup_fused_forward_train(ctx, inputs, output):
     # Kept: the pre-activations (preact, shared_preact: a tensor per rank
     # each) and the forward's schedule. For the fused backward, as the
@@ -157,15 +193,24 @@ def _setup_fused_forward_train(ctx, inputs, output):
     # in the backward puts its ~25 small launches behind the fused forward on
     # the stream, where the host is far ahead of the GPU, instead of in front
     # of the backward's first kernel.
+    #
+    # keep_preact=False (recompute mode): preact and shared_preact are empty
+    # lists. The fused backward keeps the schedule (its recompute mode); the
+    # staged one keeps nothing but the inputs and recomputes everything, as
+    # for the plain op.
     x, expert_ids = inputs[0], inputs[1]
     preact, shared_preact = list(output[1]), list(output[2])
     for t in (t for group in output[1:] for t in group):
         ctx.mark_non_differentiable(t)
     ctx.fused = backward_path(x[0].device) == "fused"
+    ctx.keep_preact = bool(inputs[10]) if len(inputs) > 10 else True
     ctx.tuning = list(inputs[8])
     ctx.check_errors = bool(inputs[9])
     if ctx.fused:
         _setup_fused_forward(ctx, inputs, output, [t for group in output[1:] for t in group])
+        return
+    if not ctx.keep_preact:
+        _setup_fused_forward(ctx, inputs, output)
         return
     schedule = staged_backward.saved_schedule(staged_backward.SavedForward(*(list(g) for g in output[1:])),
                                               [t.shape[0] for t in x], expert_ids[0].shape[1])
@@ -180,19 +225,24 @@ def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _fused_kernel_backward(ctx, douts):
-    """Save mode's backward through torch.ops.mok.fused_backward: one pass of
-    the fused kernel over every rank; the same gradients, dtypes and Nones as
-    the staged backward's (_fused_forward_backward). The kernel computes every
-    gradient; those not needed are dropped. A weight gradient goes to the
-    weight's main_grad (ctx.main_grads) when it has one and is needed."""
+    """The backward through torch.ops.mok.fused_backward: one pass of the
+    fused kernel over every rank, in save mode, or in recompute mode when the
+    forward kept no pre-activations (ctx.keep_preact false: empty preact
+    lists); the same gradients, dtypes and Nones as the staged backward's
+    (_fused_forward_backward). The kernel computes every gradient; those not
+    needed are dropped. A weight gradient goes to the weight's main_grad
+    (ctx.main_grads) when it has one and is needed."""
     _refuse_double_backward("mok.fused_forward")
     R = ctx.world
     saved = ctx.saved_tensors
     x, _, weights, w13, w2 = (list(saved[i * R:(i + 1) * R]) for i in range(5))
     shared_w13, shared_w2 = saved[5 * R], saved[5 * R + 1]
-    kept = saved[5 * R + 2:]
-    preact, shared_preact, expert_rows, expert_offset, schedule_rows = (list(kept[i * R:(i + 1) * R])
-                                                                        for i in range(5))
+    kept = list(saved[5 * R + 2:])
+    if ctx.keep_preact:
+        preact, shared_preact, kept = kept[:R], kept[R:2 * R], kept[2 * R:]
+    else:  # recompute mode: the schedule only (empty preact lists select it)
+        preact, shared_preact = [], []
+    expert_rows, expert_offset, schedule_rows = (kept[i * R:(i + 1) * R] for i in range(3))
     need = ctx.needs_input_grad
     main = ctx.main_grads
     main_w13 = main.w13 if any(need[3]) else None
@@ -220,13 +270,15 @@ def _fused_kernel_backward(ctx, douts):
     result = (_split(dx, tokens, x, need[0]), [None] * R, _split(dweights, tokens, weights, need[2]),
               routed(dw13, main_w13, w13, need[3]), routed(dw2, main_w2, w2, need[4]),
               shared(dsw13, main_sw13, shared_w13, need[5]), shared(dsw2, main_sw2, shared_w2, need[6]),
-              None, [] if ctx.tuning_is_empty_list else None, None)
+              None, [] if ctx.tuning_is_empty_list else None, None, None)  # ..., check_errors, keep_preact
     return _fit(ctx, result)
 
 
 def _fused_forward_train_backward(ctx, douts, *unused):
     if ctx.fused:
         return _fused_kernel_backward(ctx, douts)
+    if not ctx.keep_preact:  # nothing kept but the inputs: the staged backward recomputes
+        return _fused_forward_backward(ctx, douts)
     R = ctx.world
     kept = ctx.saved_tensors[5 * R + 2:]
     preact, shared_preact = list(kept[:R]), list(kept[R:2 * R])
@@ -257,7 +309,7 @@ def _fused_forward_backward(ctx, douts, kept=None, schedule=None):
               _split(grads.dw13, experts, w13, need[3]), _split(grads.dw2, experts, w2, need[4]),
               None if grads.dshared_w13 is None else grads.dshared_w13.to(shared_w13.dtype),
               None if grads.dshared_w2 is None else grads.dshared_w2.to(shared_w2.dtype),
-              None, [] if ctx.tuning_is_empty_list else None, None)
+              None, [] if ctx.tuning_is_empty_list else None, None, None)  # ..., check_errors, keep_preact
     return _fit(ctx, result)
 
 

@@ -24,8 +24,8 @@ naming the reason before any work (never a wrong answer):
     multiples of 64.
 
 Backward: through mok's staged backward (mok/staged_backward.py: separate
-grouped kernels), or with save_activations the fused backward kernel
-(mok/autograd.py), which gives gradients for
+grouped kernels), or with MOK_BACKWARD=fused the fused backward kernel, with
+or without save_activations (mok/autograd.py), which gives gradients for
 hidden_states, top_k_weights (and so the router), gate_up_proj and down_proj.
 Expert ids out of range are checked by the kernel; pass
 register(check_errors=True) to have every layer synchronise and raise on one

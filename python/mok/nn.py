@@ -12,8 +12,9 @@ over a torch.distributed process group (one process per GPU).
 
 The router runs in fp32 in torch; the experts in mok's kernel (bf16 operands,
 fp32 accumulation). Backward: mok's staged backward (mok/staged_backward.py:
-separate grouped kernels), or with save_activations on a GPU the fused
-backward kernel (mok/autograd.py), gives the input, every expert weight and,
+separate grouped kernels), or with MOK_BACKWARD=fused on a GPU the fused
+backward kernel, in save mode (save_activations) or recompute mode
+(mok/autograd.py), gives the input, every expert weight and,
 through the routing weights, the router their gradients.
 """
 

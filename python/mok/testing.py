@@ -274,8 +274,12 @@ def cpu_reference_forward():
             library.impl("fused_forward", forward, "CPU")
 
             def train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
-                      check_errors=False):
-                return reference_forward_train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts)
+                      check_errors=False, keep_preact=True):
+                out, preact, shared_preact, *schedule = reference_forward_train(
+                    x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts)
+                if not keep_preact:  # the op's keep_preact=False: empty lists
+                    preact, shared_preact = [], []
+                return out, preact, shared_preact, *schedule
             library.impl("fused_forward_train", train, "CPU")
         yield
     finally:

@@ -3,7 +3,9 @@ schedule and the gate/up pre-activations, and the backward reads them instead
 of recomputing (mok.fused_forward(..., save_activations=True)). CPU: the op is
 replaced by mok.testing.reference_forward_train (the kernel's schedule and
 rounding, with NaN and nonsense wherever the kernel writes nothing), the
-kernels by their fp32 references; the gradients must equal recompute mode's."""
+kernels by their fp32 references; the gradients must equal recompute mode's.
+The training op with keep_preact=False (the schedule only) under the staged
+backward: recompute mode's gradients too."""
 from __future__ import annotations
 
 import pytest
@@ -24,7 +26,7 @@ CASES = {
 }
 
 
-def _grads(case, save):
+def _grads(case, save, keep_preact=True):
     layer = random_global_layer(case["T"], case["H"], case["I"], case["E"], case["k"], case["S"], seed=3)
     args = split_world(layer, case["R"])
     xs, ids, ws, w13s, w2s, sw13, sw2 = args
@@ -33,7 +35,11 @@ def _grads(case, save):
     x, w, w13, w2 = leaves[:R], leaves[R:2 * R], leaves[2 * R:3 * R], leaves[3 * R:]
     shared = [t.clone().requires_grad_(True) for t in (sw13, sw2)] if sw13 is not None else [None, None]
     with cpu_reference_forward():
-        out = mok.fused_forward(x, ids, w, w13, w2, *shared, num_experts=case["E"], save_activations=save)
+        if keep_preact:
+            out = mok.fused_forward(x, ids, w, w13, w2, *shared, num_experts=case["E"], save_activations=save)
+        else:  # the training op itself, keeping its schedule only
+            out = torch.ops.mok.fused_forward_train(x, ids, w, w13, w2, *shared, case["E"], mok.tuning_list({}),
+                                                    False, keep_preact=False)[0]
         dout = [torch.randn(t.shape, generator=torch.Generator().manual_seed(5)).bfloat16() for t in out]
         inputs = [t for t in leaves + shared if t is not None]
         return out, torch.autograd.grad(out, inputs, dout)
@@ -50,6 +56,21 @@ def test_save_mode_gives_recompute_modes_gradients(name):
         assert torch.isfinite(b).all(), f"input {i}: a NaN the kernel leaves in unwritten rows was read"
         # Same rows, same groups: the reference ops give the same bits.
         assert torch.equal(a, b), f"input {i}: save mode differs from recompute mode by {(a - b).abs().max()}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_training_op_without_preact_gives_recompute_modes_gradients(name, monkeypatch):
+    # keep_preact=False keeps the schedule for the fused backward's recompute
+    # mode; with the staged backward (MOK_BACKWARD=staged) nothing is read
+    # from it: the autograd recomputes, as for the plain op.
+    monkeypatch.setenv("MOK_BACKWARD", "staged")
+    case = CASES[name]
+    out_r, grads_r = _grads(case, save=False)
+    out_l, grads_l = _grads(case, save=False, keep_preact=False)
+    for a, b in zip(out_r, out_l):
+        assert torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(grads_r, grads_l)):
+        assert torch.equal(a, b), f"input {i}"
 
 
 def test_saved_schedule_masks_padding_and_the_unused_tail():
