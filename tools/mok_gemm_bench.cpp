@@ -7,14 +7,17 @@
 //
 //   mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize]
 //                  [--groups G] [--rows R] [--n N] [--k K]
-//                  [--warmup W] [--iterations I] [--ctas C] [--multicast]
+//                  [--warmup W] [--iterations I] [--ctas C] [--multicast | --split-n]
 //   mok_gemm_bench --weight-grad fp32|bf16|accumulate [--groups G] [--rows R] [--n N] [--k K] ...
 //
 // Defaults: the DeepSeek-V3 slice's gate/up GEMM (32 groups of 1024 rows,
 // n = 4096 weight rows, k = 7168), FP8, plain epilogue. With --epilogue
 // swiglu, n is the output width and b holds 2n rows. With --weight-grad,
 // each group's [k, n] gradient sums over its rows (a [rows, k], b [rows, n]),
-// written as fp32, bf16, or added to an fp32 buffer.
+// written as fp32, bf16, or added to an fp32 buffer. --split-n times the
+// FP8 plain GEMM's split-N 64 x 256 tile (GroupedGemmArgs::fp8_split_n; n a
+// multiple of 256) instead of the 128 x 128 one; the DeepSeek-V3 down shape:
+//   mok_gemm_bench --element fp8 --n 7168 --k 2048 [--split-n]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +41,7 @@ struct Options {
   bool swiglu = false;
   bool quantize = false;  // swiglu-quantize: FP8 h and its scales (kSwiGLUQuantize)
   bool multicast = false;  // --multicast: the FP8 plain GEMM's 2-CTA variant (GroupedGemmArgs::fp8_multicast)
+  bool split_n = false;    // --split-n: the FP8 plain GEMM's split-N 64 x 256 tile (GroupedGemmArgs::fp8_split_n)
   int groups = 32;
   int rows = 1024;  // per group
   int64_t n = 4096;
@@ -53,7 +57,8 @@ struct Options {
                "mok_gemm_bench: %s\n"
                "usage: mok_gemm_bench [--element bf16|fp8] [--epilogue plain|swiglu|swiglu-quantize] [--groups G]\n"
                "                      [--rows R]\n"
-               "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C] [--multicast]\n",
+               "                      [--n N] [--k K] [--warmup W] [--iterations I] [--ctas C]\n"
+               "                      [--multicast | --split-n]\n",
                why);
   std::exit(2);
 }
@@ -65,6 +70,10 @@ Options parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") usage("times one grouped GEMM shape");
     if (arg == "--multicast") {
       o.multicast = true;
+      continue;
+    }
+    if (arg == "--split-n") {
+      o.split_n = true;
       continue;
     }
     if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
@@ -94,6 +103,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.groups < 1 || o.rows < 1 || o.iterations < 1 || o.warmup < 0) usage("sizes and counts must be positive");
   if (o.quantize && !o.fp8) usage("--epilogue swiglu-quantize needs --element fp8");
+  if (o.split_n && (!o.fp8 || o.swiglu || o.multicast || !o.weight_grad.empty())) {
+    usage("--split-n: the FP8 plain GEMM's tile (--element fp8, --epilogue plain, not with --multicast)");
+  }
   return o;
 }
 
@@ -266,12 +278,14 @@ int run(const Options& o) {
   args.k = o.k;
   args.max_ctas = o.ctas;
   args.fp8_multicast = o.multicast;
+  args.fp8_split_n = o.split_n;
   mok::validate_grouped_gemm(args);
   const auto [median, best] = time_ms(o, [&] { mok::grouped_gemm(args); });
   const double flops = 2.0 * static_cast<double>(m_total) * static_cast<double>(b_rows) * static_cast<double>(o.k);
   std::printf("%s %s%s: %d groups x %d rows, n %lld (b rows %lld), k %lld: %.3f ms (median of %d, min %.3f), %.0f TFLOP/s\n",
               o.fp8 ? "fp8" : "bf16", o.quantize ? "swiglu-quantize" : o.swiglu ? "swiglu" : "plain",
-              o.multicast ? " (multicast)" : "", o.groups, o.rows, static_cast<long long>(o.n),
+              o.multicast ? " (multicast)" : o.split_n ? " (split-n 64x256)" : "", o.groups, o.rows,
+              static_cast<long long>(o.n),
               static_cast<long long>(b_rows), static_cast<long long>(o.k), median, o.iterations, best,
               flops / median / 1e9);
   for (void* p : owned) MOK_CUDA_CHECK(cudaFree(p));

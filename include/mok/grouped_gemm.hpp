@@ -59,9 +59,9 @@ enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2, kS
 // of K), b_scales ue8m0 [G, n / 128, k / 128] (one per 128 x 128 block;
 // SwiGLU: [G, 2n / 128, k / 128] over w13's 2n rows); the plain, SwiGLU or
 // SwiGLU-quantize epilogue, b as [G, n, k] ([G, 2n, k]) only; k a multiple
-// of 128, n of 128 (SwiGLU: of 64). Each 128-deep block of K is summed by
-// the tensor cores, then scaled and added to an fp32 accumulator on the CUDA
-// cores (gemm/fp8_mainloop.cuh).
+// of 128, n of 128 (SwiGLU: of 64; fp8_split_n: of 256). Each 128-deep
+// block of K is summed by the tensor cores, then scaled and added to an
+// fp32 accumulator on the CUDA cores (gemm/fp8_mainloop.cuh).
 enum class GemmElement : int { kBF16 = 0, kE4M3 = 1 };
 // How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
 // (plain epilogue only; what a data gradient reads: dx = dy . W).
@@ -98,6 +98,15 @@ struct GroupedGemmArgs {
   // without a GPU and not yet validated on one, hence off by default.
   // Ignored where it does not apply.
   bool fp8_multicast = false;
+  // kE4M3, plain epilogue: run the split-N tile instead of the default 128 x
+  // 128: 64 rows x 256 weight rows a tile, its two consumer warpgroups
+  // computing output columns [n0, n0 + 128) and [n0 + 128, n0 + 256) of the
+  // same rows (docs/gemm.md; the tile the fused FP8 forward's down
+  // projection is to use). Every element is the same wgmma sequence and
+  // promotion as in the 128 x 128 tile: the same bits. n a multiple of 256;
+  // not with fp8_multicast; anything else throws mok::Error. EXPERIMENTAL:
+  // written without a GPU and not yet validated on one, hence off by default.
+  bool fp8_split_n = false;
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.
   int raster_band = 0;

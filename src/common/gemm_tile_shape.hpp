@@ -59,8 +59,14 @@ struct GemmTileShape {
            epilogue == EpilogueKind::kGateUpPreact;
   }
   // The consumer warpgroups share the tile's rows and split its N (64 rows a
-  // tile) instead of splitting its rows (64 per warpgroup, sharing N).
-  constexpr bool splits_n() const { return epilogue == EpilogueKind::kSwiGLUQuantize; }
+  // tile) instead of splitting its rows (64 per warpgroup, sharing N): the
+  // FP8 64 x 256 tiles, whose warpgroups each run m64n128k32 on their own
+  // 128 weight rows -- one 128 x 128 B scale block apiece (the gate/up
+  // tile's gate and up blocks; the plain tile's two neighbouring blocks).
+  // The 128 x 128 FP8 tiles split rows as the bf16 ones do.
+  constexpr bool splits_n() const {
+    return element == ElementType::kE4M3 && block_m == 64 && block_n == 256;
+  }
 };
 
 }  // namespace mok

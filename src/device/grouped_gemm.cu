@@ -52,6 +52,15 @@ using Fp8SwigluConfig = GemmTileConfig<128, 128, 6, EpilogueKind::kSwiGLU, mok::
 // one whole 128-column scale block per row), 4 stages of 40 KB and the
 // 32 KB exchange between the warpgroups.
 using Fp8SwigluQuantizeConfig = GemmTileConfig<64, 256, 4, EpilogueKind::kSwiGLUQuantize, mok::ElementType::kE4M3>;
+// The plain FP8 tile split the same way (GroupedGemmArgs::fp8_split_n): 64
+// rows, warpgroup c the weight rows n0 + 128 c .. (one 256-row B box), so
+// that every routed kind of the fused FP8 forward runs 64-row tiles. 4
+// stages of 40 KB as the fused kernel has (kFusedStages) and its gate/up
+// twin; without the exchange a fifth would fit (223 KB of the 227).
+using Fp8SplitNConfig = GemmTileConfig<64, 256, 4, EpilogueKind::kPlain, mok::ElementType::kE4M3>;
+static_assert(Fp8SplitNConfig::kSplitN && Fp8SplitNConfig::kOutCols == 256 && Fp8SwigluQuantizeConfig::kSplitN &&
+                  !Fp8Config::kSplitN && !Fp8SwigluConfig::kSplitN && !Fp8MulticastConfig::kSplitN,
+              "split N: the FP8 64 x 256 tiles only");
 using SwigluBackwardConfig =
     GemmTileConfig<128, 256, 4, EpilogueKind::kSwiGLUBackward, mok::ElementType::kBF16, mok::OperandMajor::kMN>;
 
@@ -113,6 +122,8 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
     const cuuint32_t b_box[4] = {Cfg::kBlockK, Cfg::kBlockN / 2, 1, 1};
     b_map = device::encode_operand_map("b (w13)", kType, args.b, 4, b_dims, b_strides, b_box);
   } else {
+    // One box of the tile's BN weight rows (the split-N FP8 tile: 256, TMA's
+    // largest box side; its warpgroups read rows 0..127 and 128..255).
     const cuuint64_t b_dims[3] = {k, n, g};
     const cuuint64_t b_strides[2] = {row_bytes, n * row_bytes};
     const cuuint32_t b_box[3] = {Cfg::kBlockK, Cfg::kBlockN, 1};
@@ -274,6 +285,17 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
     require_pointer(args.a_scales, "a_scales", 1);
     require_pointer(args.b_scales, "b_scales", 1);
   }
+  if (args.fp8_split_n) {
+    if (args.element != GemmElement::kE4M3 || args.epilogue != GemmEpilogue::kPlain) {
+      throw Error("fp8_split_n: the FP8 plain tile's option (element kE4M3, epilogue kPlain) only");
+    }
+    if (args.fp8_multicast) {
+      throw Error("fp8_split_n and fp8_multicast: one FP8 tile at a time (the multicast pair shares 128-row tiles)");
+    }
+    require(args.n % Fp8SplitNConfig::kOutCols == 0, "n", args.n,
+            "must be a multiple of 256 with fp8_split_n (each tile's warpgroups take two whole 128-row B "
+            "scale blocks)");
+  }
   if (args.epilogue == GemmEpilogue::kSwiGLUQuantize) {
     if (args.element != GemmElement::kE4M3) {
       throw Error("epilogue kSwiGLUQuantize: element must be kE4M3 (it is the FP8 forward's gate/up)");
@@ -295,6 +317,8 @@ void grouped_gemm(const GroupedGemmArgs& args, CUstream_st* stream) {
       launch<Fp8SwigluConfig>(args, stream);
     } else if (args.epilogue == GemmEpilogue::kSwiGLUQuantize) {
       launch<Fp8SwigluQuantizeConfig>(args, stream);
+    } else if (args.fp8_split_n) {
+      launch<Fp8SplitNConfig>(args, stream);
     } else if (args.fp8_multicast && args.n % (2 * Fp8MulticastConfig::kOutCols) == 0) {
       launch<Fp8MulticastConfig>(args, stream);
     } else {

@@ -3,7 +3,8 @@
 // operands (the bit-exact host quantizer, include/mok/fp8.hpp, makes both
 // sides' inputs): the output's rounding and the tensor cores' FP8
 // accumulation are the errors expected. Also: padding rows untouched,
-// bitwise repeatable, the same bits at any grid size, bad arguments refused.
+// bitwise repeatable, the same bits at any grid size and with either plain
+// tile variant (2-CTA multicast, split N), bad arguments refused.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -108,14 +109,19 @@ struct DeviceProblem {
   }
 };
 
-// multicast: the 2-CTA variant whose clusters share A boxes (GroupedGemmArgs::fp8_multicast).
-std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0, bool multicast = false) {
+// The plain FP8 tile to run: the default 128 x 128, its 2-CTA variant whose
+// clusters share A boxes (GroupedGemmArgs::fp8_multicast), or the split-N
+// 64 x 256 tile (GroupedGemmArgs::fp8_split_n).
+enum class Tile { k128x128, kMulticast, kSplitN };
+
+std::vector<uint16_t> run_fp8(const Fp8Problem& p, int max_ctas = 0, Tile tile = Tile::k128x128) {
   const DeviceProblem d(p);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(p.layout.m_total * p.n));
   MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, static_cast<size_t>(p.layout.m_total * p.n) * 2));
   mok::GroupedGemmArgs args = d.args(p, max_ctas);
   args.out = out.get();
-  args.fp8_multicast = multicast;
+  args.fp8_multicast = tile == Tile::kMulticast;
+  args.fp8_split_n = tile == Tile::kSplitN;
   args.epilogue = p.swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   mok::grouped_gemm(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -190,15 +196,18 @@ TEST(GroupedGemmFp8, MatchesTheDequantizedReference) {
   const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200}, {3, 5, 61, 0}, 9, 4), 256, 384, 1);
   const std::vector<uint16_t> out = run_fp8(p);
   expect_matches_reference(p, out);
-  // The 2-CTA multicast variant (n = 256: one pair of n-tiles): the same bits.
-  EXPECT_EQ(run_fp8(p, 0, true), out);
+  // The 2-CTA multicast variant (n = 256: one pair of n-tiles) and the
+  // split-N tile (one 256-column tile; SplitN... below): the same bits.
+  EXPECT_EQ(run_fp8(p, 0, Tile::kMulticast), out);
+  EXPECT_EQ(run_fp8(p, 0, Tile::kSplitN), out);
   // One group of 130 rows, nothing after it: the last tile's second 64-row
   // half, which the cluster's rank 1 loads, lies wholly past m_total (TMA
   // zero fill, still counted on both CTAs' barriers).
   const Fp8Problem edge = make_problem(Layout::make({130}, {0}), 256, 256, 6);
   const std::vector<uint16_t> edge_out = run_fp8(edge);
   expect_matches_reference(edge, edge_out);
-  EXPECT_EQ(run_fp8(edge, 0, true), edge_out);
+  EXPECT_EQ(run_fp8(edge, 0, Tile::kMulticast), edge_out);
+  EXPECT_EQ(run_fp8(edge, 0, Tile::kSplitN), edge_out);
 }
 
 TEST(GroupedGemmFp8, SwiGLUMatchesTheDequantizedReference) {
@@ -219,7 +228,38 @@ TEST(GroupedGemmFp8, BitwiseRepeatableAndIndependentOfTheGrid) {
   for (int ctas : {1, 7}) EXPECT_EQ(run_fp8(p, ctas), first) << "ctas " << ctas;
   // The multicast variant: the same bits, repeatably, at any cluster count
   // (max_ctas 1 still launches one cluster of two; 7 gives three clusters).
-  for (int ctas : {0, 0, 1, 7}) EXPECT_EQ(run_fp8(p, ctas, true), first) << "multicast, ctas " << ctas;
+  for (int ctas : {0, 0, 1, 7}) EXPECT_EQ(run_fp8(p, ctas, Tile::kMulticast), first) << "multicast, ctas " << ctas;
+  for (int ctas : {0, 0, 1, 7}) EXPECT_EQ(run_fp8(p, ctas, Tile::kSplitN), first) << "split N, ctas " << ctas;
+}
+
+// The split-N tile (fp8_split_n: 64 rows; warpgroup 0 computes columns
+// n0 .. n0 + 127, warpgroup 1 n0 + 128 .. n0 + 255 of the same rows). Each
+// element is the 128 x 128 tile's computation exactly -- the same four
+// m64n128k32 wgmma per stage over the same row of A and the same 128-row B
+// block (even at the same column of the wgmma: 128-column blocks line up),
+// promoted with the same two scales -- so the outputs must be the same bits,
+// not merely close.
+TEST(GroupedGemmFp8, SplitNMatchesTheReferenceAndThe128x128Tile) {
+  MOK_REQUIRE_HOPPER();
+  // Uneven groups (130, 7 and 200 rows: tiles that end inside a group and
+  // tiles that straddle a boundary), an empty group, a 64-row group at an
+  // offset that is no multiple of 64, padding between them and a tail;
+  // n = 768 (three tiles, six B scale blocks a group, each with its own
+  // magnitude: warpgroup 1 reading warpgroup 0's block is off by powers of
+  // two), k = 384.
+  const Fp8Problem p = make_problem(Layout::make({130, 0, 7, 200, 64}, {3, 5, 61, 0, 2}, 9, 4), 768, 384, 11);
+  const std::vector<uint16_t> split = run_fp8(p, 0, Tile::kSplitN);
+  expect_matches_reference(p, split);
+  EXPECT_EQ(split, run_fp8(p)) << "split N and 128 x 128 differ";
+  for (int run = 1; run < 5; ++run) ASSERT_EQ(run_fp8(p, 0, Tile::kSplitN), split) << "run " << run;
+  for (int ctas : {1, 7, 33}) EXPECT_EQ(run_fp8(p, ctas, Tile::kSplitN), split) << "ctas " << ctas;
+  // One 128-deep K block (the mainloop's shortest path), one 256-column
+  // tile, a single group of 37 rows with no padding or tail: the only tile's
+  // rows 37..63 lie past m_total (TMA's zero fill, never stored).
+  const Fp8Problem tiny = make_problem(Layout::make({37}, {0}), 256, 128, 12);
+  const std::vector<uint16_t> tiny_out = run_fp8(tiny, 0, Tile::kSplitN);
+  expect_matches_reference(tiny, tiny_out);
+  EXPECT_EQ(tiny_out, run_fp8(tiny));
 }
 
 // The FP8 gate/up with h quantized in the epilogue (kSwiGLUQuantize): the
@@ -361,6 +401,22 @@ TEST(GroupedGemmFp8, RejectsWhatItCannotRun) {
   { auto x = quantize; x.out_scales = nullptr; refused(x, "SwiGLU-quantize without out_scales"); }
   { auto x = quantize; x.n = 192; refused(x, "SwiGLU-quantize n not a multiple of 128"); }
   { auto x = quantize; x.element = mok::GemmElement::kBF16; refused(x, "SwiGLU-quantize on bf16"); }
+  auto split = good;
+  split.fp8_split_n = true;
+  split.n = 256;
+  EXPECT_NO_THROW(mok::validate_grouped_gemm(split));
+  { auto x = split; x.n = 7168; EXPECT_NO_THROW(mok::validate_grouped_gemm(x)); }
+  { auto x = split; x.n = 128; refused(x, "split N, n not a multiple of 256"); }
+  { auto x = split; x.n = 384; refused(x, "split N, n not a multiple of 256"); }
+  { auto x = split; x.fp8_multicast = true; refused(x, "split N with multicast"); }
+  { auto x = split; x.epilogue = mok::GemmEpilogue::kSwiGLU; refused(x, "split N with SwiGLU"); }
+  {
+    auto x = split;
+    x.epilogue = mok::GemmEpilogue::kSwiGLUQuantize;
+    x.out_scales = static_cast<uint8_t*>(fake(8));
+    refused(x, "split N with SwiGLU-quantize (its own tile)");
+  }
+  { auto x = split; x.element = mok::GemmElement::kBF16; refused(x, "split N on bf16"); }
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
                                              float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
   // A warpgroup's wgmma is m64n128k32: 128 weight rows, one 128 x 128 B
-  // scale block per stage (a split-N tile's warpgroups take 128 rows each).
+  // scale block per stage (a split-N tile's warpgroups take 128 rows each:
+  // warpgroup c the stage's B rows 128 c .. 128 c + 127).
   static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockN == (Cfg::kSplitN ? 256 : 128) &&
                     Cfg::kBlockK == 128,
                 "one 128 x 128 B scale block per warpgroup and one 128-deep A scale block per stage");
@@ -70,13 +71,18 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   const int32_t a_low = min(row + 8, scales.m_total - 1) * scales.k_blocks;
   // B's scale rows: the tile's one 128-row block; a SwiGLU tile's gate half
   // (rows n0 ..) and up half (rows up_rows + n0 ..) are 64 rows each, each
-  // inside one block, with a scale each. A split-N tile's warpgroup 0 reads
-  // the gate block and warpgroup 1 the up block: one scale per warpgroup.
+  // inside one block, with a scale each. A split-N tile's warpgroups read
+  // one block each: the gate/up tile's warpgroup 0 the gate block and 1 the
+  // up block; the plain tile's warpgroup c the block of weight rows n0 +
+  // 128 c .. (n0 is a multiple of 256: block n0 / 128 + c). Selects on the
+  // warpgroup-uniform `consumer`, no branch.
   constexpr bool kSwiGLU = Cfg::kEpilogue == EpilogueKind::kSwiGLU;  // two halves per warpgroup
+  constexpr bool kSplitPlain = kSplitN && !Cfg::kGateUp;            // two neighbouring blocks
   const int32_t b_group = tile.group * scales.n_blocks;
   const int32_t b_up = Cfg::kGateUp ? (b_group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks : 0;
+  const int32_t b_block = tile.n0 / 128 + (kSplitPlain ? consumer : 0);
   const int32_t b_gate =
-      kSplitN && consumer == 1 ? b_up : (b_group + tile.n0 / 128) * scales.k_blocks;
+      kSplitN && Cfg::kGateUp && consumer == 1 ? b_up : (b_group + b_block) * scales.k_blocks;
   const bool releaser = lane == 0;
   // Hands stage s back: to this CTA's producer and, with A multicast, to the
   // peer's, which writes half of this CTA's stage too.

@@ -39,7 +39,8 @@ struct GemmTileConfig {
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // + 1 producer warpgroup
   // Output columns per tile: SwiGLU turns 2 x (kBlockN / 2) gate/up columns
-  // into kBlockN / 2 outputs.
+  // into kBlockN / 2 outputs. A plain split-N tile's 256 are 128 per
+  // warpgroup (warpgroup c: columns n0 + 128 c ..).
   static constexpr int kOutCols = kShape.out_cols();
   // fp32 accumulators per consumer thread: its warpgroup's 64 x BN (split
   // N: 64 x BN / 2) share of the tile, 64 x N / 128 per thread.
@@ -50,9 +51,12 @@ struct GemmTileConfig {
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // Epilogue staging: each consumer warp owns 16 rows x 64 columns of bf16.
   static constexpr int kStagingBytesPerWarp = 16 * 64 * 2;
-  // Split N: the accumulator halves the two consumer warpgroups hand each
-  // other (gemm/tile_epilogue_swiglu_quantize.cuh), fp32 [2][2 warps][regs][32 lanes].
-  static constexpr int kExchangeFloats = kSplitN ? 2 * 2 * kAccRegs * 32 : 0;
+  // The split-N gate/up tile: the accumulator halves the two consumer
+  // warpgroups hand each other (gemm/tile_epilogue_swiglu_quantize.cuh), fp32
+  // [2][2 warps][regs][32 lanes]. A plain split-N tile's warpgroups store
+  // their own columns and exchange nothing.
+  static constexpr int kExchangeFloats =
+      kSplitN && kEpilogue == EpilogueKind::kSwiGLUQuantize ? 2 * 2 * kAccRegs * 32 : 0;
 
   // Register split. setmaxnreg only moves registers within what the CTA got
   // at launch: kThreads x the entry budget ptxas gives __launch_bounds__(
@@ -74,8 +78,12 @@ struct GemmTileConfig {
   static_assert(kClusterN == 1 || (kClusterN == 2 && kBlockM == 128 && kElement == ElementType::kE4M3 &&
                                    kEpilogue == EpilogueKind::kPlain && kBMajor == OperandMajor::kK),
                 "A multicast: the plain FP8 tile, each CTA of the pair loading 64 of its 128 A rows");
-  static_assert(!kSplitN || (kBlockM == 64 && kBlockN == 256 && kElement == ElementType::kE4M3),
-                "a split-N tile is the FP8 gate/up tile: 64 rows, 128 gate + 128 up weight rows");
+  static_assert(!kSplitN || (kBlockM == 64 && kBlockN == 256 && kElement == ElementType::kE4M3 &&
+                             (kEpilogue == EpilogueKind::kPlain || kEpilogue == EpilogueKind::kSwiGLUQuantize)),
+                "a split-N tile is an FP8 64 x 256 tile, 128 weight rows a warpgroup: the plain one "
+                "(output columns n0 .. n0 + 255) or the gate/up one (128 gate + 128 up rows)");
+  static_assert(kSplitN || kEpilogue != EpilogueKind::kSwiGLUQuantize,
+                "the SwiGLU-quantize epilogue needs a split-N tile (one whole scale block of h per row)");
   static_assert(kBlockN == 128 || kBlockN == 256, "BN: a wgmma N this build wraps");
   static_assert(!kGateUp || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");

@@ -57,15 +57,33 @@ __device__ __forceinline__ uint32_t epilogue_pair(const float (&acc)[Cfg::kAccRe
 // (token, slot) result straight into its home rank's combine row; contiguous
 // outputs are the special case below (store_tile).
 // Consumer warpgroup `consumer` stores its 64 rows; columns [col0, col0 +
-// kOutCols) of the tile, clipped to n_cols (a multiple of 64).
+// kOutCols) of the tile, clipped to n_cols (a multiple of 64). A split-N
+// tile's warpgroups share the tile's 64 rows instead: warpgroup c stores all
+// of them, columns [col0 + 128 c, col0 + 128 c + 128) (mma_fp8_tile gave it
+// those weight rows), clipped the same way.
 // `pack(j, h)` gives output chunk j, row half h of this thread's fragment as
 // two packed bf16 (epilogue_pair by default; the forward's training mode also
 // stores the raw gate and up accumulators of a SwiGLU tile this way).
 template <class Cfg, class RowPtr, class Pack>
 __device__ __forceinline__ void store_tile_rows_of(const Pack& pack, GemmSharedStorage<Cfg>& smem, int consumer,
                                                    int col0, int n_cols, const RowPtr& row_ptr) {
+  static_assert(!Cfg::kSplitN || !Cfg::kGateUp,
+                "a split-N gate/up tile's warpgroups hold gate and up of the same columns: "
+                "store_swiglu_quantize_tile stores it");
   const int warp = (threadIdx.x / 32) % 4;
-  const int first_row = consumer * 64 + warp * 16;  // within the tile
+  // This warp's first row within the tile and this warpgroup's first column.
+  // Chosen at compile time: the row-split tiles (every bf16 one) keep the
+  // code they had before split-N tiles existed.
+  int first_row, col_first;
+  if constexpr (Cfg::kSplitN) {
+    first_row = warp * 16;
+    col_first = col0 + consumer * (Cfg::kOutCols / 2);
+  } else {
+    first_row = consumer * 64 + warp * 16;
+    col_first = col0;
+  }
+  // 64-column slabs of this warpgroup: its fragment's columns, 64 x 16 at a time.
+  constexpr int kSlabs = (Cfg::kSplitN ? Cfg::kOutCols / 2 : Cfg::kOutCols) / 64;
   uint8_t* const staging = smem.staging[consumer * 4 + warp];
 
   // The four rows this lane stores (rows it * 4 + lane / 8 of the warp's 16),
@@ -81,8 +99,8 @@ __device__ __forceinline__ void store_tile_rows_of(const Pack& pack, GemmSharedS
   // compiler could not place in shared memory, each one waited for, with its
   // address reloaded from local memory, before the next).
 #pragma unroll
-  for (int slab = 0; slab < Cfg::kOutCols / 64; ++slab) {
-    const int c0 = col0 + slab * 64;
+  for (int slab = 0; slab < kSlabs; ++slab) {
+    const int c0 = col_first + slab * 64;
     if (c0 >= n_cols) break;  // warp-uniform
     const int lane = static_cast<int>(threadIdx.x % 32);
     const uint32_t base = shared_address(staging);
@@ -132,8 +150,9 @@ __device__ __forceinline__ uint32_t preactivation_pair(const float (&acc)[Cfg::k
   return pack_bf16x2(acc[i], acc[i + 1]);
 }
 
-// Consumer warpgroup `consumer` writes its 64 rows of the tile into the
-// row-major out[m_total, n_cols]: rows [tile.row0, tile.row_end) only.
+// Consumer warpgroup `consumer` writes its 64 rows of the tile (split N:
+// its 128 columns of the tile's 64 rows) into the row-major out[m_total,
+// n_cols]: rows [tile.row0, tile.row_end) only.
 template <class Cfg>
 __device__ __forceinline__ void store_tile(const float (&acc)[Cfg::kAccRegs],
                                            GemmSharedStorage<Cfg>& smem, int consumer,

@@ -37,7 +37,7 @@ struct GroupedGemmParams {
 };
 
 // Named barriers of this kernel (0 is __syncthreads).
-inline constexpr int kBarrierGemmExchange = 1;  // the split-N tile's two consumer warpgroups
+inline constexpr int kBarrierGemmExchange = 1;  // the split-N gate/up tile's two consumer warpgroups
 
 // Groups whose counts the kernel copies to shared memory (more: read from
 // global memory as the walk goes).
@@ -50,8 +50,9 @@ struct GroupedGemmShared {
   GemmSharedStorage<Cfg> gemm;
   int32_t group_rows[kSmemGroups];
   int32_t group_offset[kSmemGroups];
-  // Split-N tiles' exchange between the consumer warpgroups (4 floats elsewhere: no zero-size arrays).
-  alignas(16) float exchange[Cfg::kSplitN ? Cfg::kExchangeFloats : 4];
+  // The split-N gate/up tile's exchange between the consumer warpgroups (4
+  // floats elsewhere, the plain split-N tile included: no zero-size arrays).
+  alignas(16) float exchange[Cfg::kExchangeFloats > 0 ? Cfg::kExchangeFloats : 4];
 };
 
 // Dynamic shared memory to request: the storage plus slack to align it.
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         store_swiglu_quantize_tile<Cfg>(acc, smem, shared.exchange, consumer, tile,
                                         reinterpret_cast<uint8_t*>(params.out), params.out_scales, params.n_cols,
                                         kBarrierGemmExchange);
-      } else {
+      } else {  // plain or SwiGLU; a split-N plain tile's warpgroups store 128 columns each
         store_tile<Cfg>(acc, smem, consumer, tile, params.out, params.n_cols);
       }
     }
