@@ -85,9 +85,11 @@ uint64_t hash_gradients(const std::vector<Buffer>& bufs, int R) {
 // The names of a traced pass's GEMM kinds (a mainloop event's detail), in
 // the order of the mode's protocol::BackwardPass::Kind or
 // BackwardRecomputePass::Kind.
-constexpr const char* kSaveKindNames[] = {"shared g + SwiGLU'", "shared dx", "g + SwiGLU'", "dx_j", "dW13", "dW2"};
-constexpr const char* kRecomputeKindNames[] = {"shared gate/up",  "shared g + SwiGLU'", "shared dx", "gate/up",
-                                               "g + SwiGLU'", "dx_j", "dW13", "dW2"};
+constexpr const char* kSaveKindNames[] = {"shared g + SwiGLU'", "shared dx", "g + SwiGLU'", "dx_j",
+                                          "dW13",               "dW2",       "shared dW13", "shared dW2"};
+constexpr const char* kRecomputeKindNames[] = {"shared gate/up", "shared g + SwiGLU'", "shared dx",  "gate/up", "g + SwiGLU'",
+                                               "dx_j",           "dW13",               "dW2",        "shared dW13",
+                                               "shared dW2"};
 static_assert(std::size(kSaveKindNames) == protocol::BackwardPass::kNumKinds);
 static_assert(std::size(kRecomputeKindNames) == protocol::BackwardRecomputePass::kNumKinds);
 std::span<const char* const> kind_names(BackwardMode mode) {

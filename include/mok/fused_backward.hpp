@@ -12,9 +12,8 @@
 //
 // This version: the virtual world (R ranks as R partitions of the current
 // GPU's SMs), host-ordered passes, save and recompute modes (BackwardMode).
-// The shared expert's weight gradients run as a second,
-// standalone kernel (mok::weight_grad) after the fused one, on the same
-// stream; everything else is in the fused kernel.
+// Every gradient, the shared expert's weight gradients included (summed over
+// the rank's own tokens in token order), comes out of the one kernel.
 #pragma once
 
 #include <cstdint>

@@ -47,6 +47,7 @@ enum class CounterId : uint32_t {
   kScheduleOverflow = 20,  // not a counter: a given schedule longer than the pass's buffers (the backward's)
   kPreactReady = 21,       // recompute mode: an m-tile's [gate | up] columns are stored
   kSharedPreactReady = 22, // recompute mode: a token tile's shared [gate | up] columns are stored
+  kSharedGradDone = 23,    // every shared g task is done (the shared expert's weight gradients' inputs)
 };
 
 inline const char* counter_name(CounterId id) {
@@ -71,6 +72,7 @@ inline const char* counter_name(CounterId id) {
     case CounterId::kScheduleOverflow: return "schedule longer than the buffers";
     case CounterId::kPreactReady: return "preact_ready";
     case CounterId::kSharedPreactReady: return "shared_preact_ready";
+    case CounterId::kSharedGradDone: return "shared_grad_done";
     case CounterId::kScheduleScanned: return "schedule_scanned";
     case CounterId::kWorldStarted: return "world_started";
     case CounterId::kWorldFinished: return "world_finished";

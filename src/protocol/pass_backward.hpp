@@ -6,11 +6,14 @@
 // at compile time (pass_table_is_consistent).
 //
 //   kind                 rows      A            B (major)         K        out              waits                 signals
-//   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13, h    -                     shared_d13_ready
+//   shared g + SwiGLU'   tokens    dout         shared W2 (MN)    H        shared d13, h    -                     shared_d13_ready,
+//                                                                                                                  shared_grad_done
 //   shared dx            tokens    shared d13   shared W13 (MN)   2S       shared dx        shared_d13_ready      shared_done
 //   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows, w*h    rows_filled           d13_ready, expert_rows_done
 //                                                                           (and <g,h> parts to the home (t, j))
 //   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       home rows        d13_ready             dx_done
+//   shared dW13 tile     tokens^T  shared d13^T x (MN)            T        fp32 shared dW13 shared_grad_done      -
+//   shared dW2 tile      tokens^T  dout^T       shared h (MN)     T        fp32 shared dW2  shared_grad_done      -
 //   dW13[e] tile         expert    d13 rows^T   x rows (MN)       rows(e)  fp32 dW13[e]     expert_rows_done[e]   -
 //   dW2[e] tile          expert    dout rows^T  w*h rows (MN)     rows(e)  fp32 dW2[e]      expert_rows_done[e]   -
 //
@@ -23,12 +26,11 @@
 //     in n-tile order.
 //
 // Ticket order: the shared expert's kinds, then the pipeline (each step: dx of
-// minibatch m - L, n-tile major, then g of minibatch m), then the finale:
-// expert by expert, its dW13 tiles, then its dW2 tiles.
+// minibatch m - L, n-tile major, then g of minibatch m), then the finale: the
+// shared expert's weight gradients (K = T, the longest tiles of the finale,
+// so first), then expert by expert its dW13 tiles, then its dW2 tiles.
 // The buffers never wrap: the host gives this pass as many "ring" slots as
-// the largest schedule has minibatches, so every generation is 0. The shared
-// expert's weight gradients are not in this table yet (the host runs them as
-// a standalone kernel after the pass).
+// the largest schedule has minibatches, so every generation is 0.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,7 @@ struct BackwardCommon {
     kSharedD13Ready,  // per token tile: shared g tasks that stored their columns
     kSharedDone,      // shared dx tasks done (the combine reads shared dx)
     kDxDone,          // dx tasks whose rows are in their home ranks' rows
+    kSharedGradDone,  // shared g tasks done (every token's shared d13 and h exist)
     kCommonCounters,
   };
   static constexpr CounterSpec kCommonCounterSpecs[kCommonCounters] = {
@@ -67,6 +70,7 @@ struct BackwardCommon {
       {static_cast<uint32_t>(CounterId::kSharedD13Ready), Span::kTokenTile, false},
       {static_cast<uint32_t>(CounterId::kSharedDone), Span::kWhole, false},
       {static_cast<uint32_t>(CounterId::kDxDone), Span::kWhole, false},
+      {static_cast<uint32_t>(CounterId::kSharedGradDone), Span::kWhole, false},
   };
 
   // shared dx = shared d13 . shared W13
@@ -85,6 +89,14 @@ struct BackwardCommon {
   static constexpr TaskKindSpec kWeightGrad2Kind = {
       kBackwardWeightTile, Tensor::kDoutRows, Tensor::kHwRows, Dim::kNone, Dim::kIntermediate, Rows::kExpert,
       Tensor::kWeightGrad2, {{kExpertRowsDone, Await::kReady}}, {}, Dim::kHidden};
+  // The shared expert's: dW13 = shared d13^T . x and dW2 = dout^T . shared h,
+  // over the rank's tokens in order.
+  static constexpr TaskKindSpec kSharedWeightGrad13Kind = {
+      kBackwardWeightTile, Tensor::kSharedD13, Tensor::kX, Dim::kNone, Dim::kHidden, Rows::kTokenReduce,
+      Tensor::kSharedWeightGrad13, {{kSharedGradDone, Await::kReady}}, {}, Dim::kTwoSharedWidth};
+  static constexpr TaskKindSpec kSharedWeightGrad2Kind = {
+      kBackwardWeightTile, Tensor::kDout, Tensor::kSharedH, Dim::kNone, Dim::kSharedWidth, Rows::kTokenReduce,
+      Tensor::kSharedWeightGrad2, {{kSharedGradDone, Await::kReady}}, {}, Dim::kHidden};
 
   // Its buffers must hold every schedule row (nothing awaits a slot's
   // readers): the host gives it a slot per minibatch (buffers_hold_schedule).
@@ -106,14 +118,17 @@ struct BackwardCommon {
 };
 
 struct BackwardPass : BackwardCommon {
-  enum Kind : int32_t { kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds };
+  enum Kind : int32_t {
+    kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kSharedWeightGrad13, kSharedWeightGrad2, kNumKinds
+  };
   static constexpr int32_t kNumCounters = kCommonCounters;
   static constexpr const CounterSpec (&kCounters)[kNumCounters] = kCommonCounterSpecs;
 
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
       // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
       {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH, Tensor::kSharedPreact},
+       Tensor::kSharedD13, {}, {{kSharedD13Ready}, {kSharedGradDone}}, Dim::kNone, Tensor::kSharedH,
+       Tensor::kSharedPreact},
       kSharedDxKind,
       // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
       {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
@@ -122,6 +137,8 @@ struct BackwardPass : BackwardCommon {
       kDxKind,
       kWeightGrad13Kind,
       kWeightGrad2Kind,
+      kSharedWeightGrad13Kind,
+      kSharedWeightGrad2Kind,
   };
 
   static constexpr int32_t kPrologue[] = {kSharedGrad, kSharedDx};
@@ -129,6 +146,7 @@ struct BackwardPass : BackwardCommon {
   // (~56 MB on the DeepSeek-V3 slice) exceed L2, and m-tile-major waves
   // re-read them from HBM.
   static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kGrad, false}};
+  static constexpr int32_t kTokenFinale[] = {kSharedWeightGrad13, kSharedWeightGrad2};
   static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 };
 
@@ -155,7 +173,8 @@ inline constexpr GemmTileShape kBackwardRecomputeTile{128, 256, EpilogueKind::kG
 
 struct BackwardRecomputePass : BackwardCommon {
   enum Kind : int32_t {
-    kSharedRecompute, kSharedGrad, kSharedDx, kRecompute, kGrad, kDx, kWeightGrad13, kWeightGrad2, kNumKinds
+    kSharedRecompute, kSharedGrad, kSharedDx, kRecompute, kGrad, kDx, kWeightGrad13, kWeightGrad2,
+    kSharedWeightGrad13, kSharedWeightGrad2, kNumKinds
   };
   enum RecomputeCounter : int32_t {
     kPreactReady = kCommonCounters,  // per m-tile: recompute tasks that stored their [gate | up] columns
@@ -169,6 +188,7 @@ struct BackwardRecomputePass : BackwardCommon {
       kCommonCounterSpecs[kSharedD13Ready],
       kCommonCounterSpecs[kSharedDone],
       kCommonCounterSpecs[kDxDone],
+      kCommonCounterSpecs[kSharedGradDone],
       {static_cast<uint32_t>(CounterId::kPreactReady), Span::kRingTile, false},
       {static_cast<uint32_t>(CounterId::kSharedPreactReady), Span::kTokenTile, false},
   };
@@ -179,8 +199,8 @@ struct BackwardRecomputePass : BackwardCommon {
        Tensor::kSharedPreact, {}, {{kSharedPreactReady}}},
       // kSharedGrad
       {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {{kSharedPreactReady, Await::kReady}}, {{kSharedD13Ready}}, Dim::kNone, Tensor::kSharedH,
-       Tensor::kSharedPreact},
+       Tensor::kSharedD13, {{kSharedPreactReady, Await::kReady}}, {{kSharedD13Ready}, {kSharedGradDone}}, Dim::kNone,
+       Tensor::kSharedH, Tensor::kSharedPreact},
       kSharedDxKind,
       // kRecompute: [gate | up] of the schedule's rows, kept by schedule row.
       {kBackwardRecomputeTile, Tensor::kXRows, Tensor::kW13, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
@@ -192,10 +212,13 @@ struct BackwardRecomputePass : BackwardCommon {
       kDxKind,
       kWeightGrad13Kind,
       kWeightGrad2Kind,
+      kSharedWeightGrad13Kind,
+      kSharedWeightGrad2Kind,
   };
 
   static constexpr int32_t kPrologue[] = {kSharedRecompute, kSharedGrad, kSharedDx};
   static constexpr PipelineEntry kPipeline[] = {{kDx, true, true}, {kRecompute, false}, {kGrad, false}};
+  static constexpr int32_t kTokenFinale[] = {kSharedWeightGrad13, kSharedWeightGrad2};
   static constexpr int32_t kFinale[] = {kWeightGrad13, kWeightGrad2};
 };
 

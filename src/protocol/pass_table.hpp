@@ -8,7 +8,8 @@
 // A Pass is a struct with
 //   kNumKinds, kKinds[kNumKinds]       its GEMM task kinds (TaskKindSpec);
 //   kNumCounters, kCounters[...]       the counters its roles wait on (CounterSpec);
-//   kPrologue[], kPipeline[]           its ticket order (below);
+//   kPrologue[], kPipeline[]           its ticket order (below; optionally kTokenFinale[] and
+//                                      kFinale[] after the pipeline);
 //   kDispatch, kCombine                the waits and signals of its non-GEMM roles (RoleSpec).
 //
 // Vocabulary (per receiver rank, over its padded schedule of P rows):
@@ -69,6 +70,8 @@ enum class Tensor : int32_t {
   kWeightGrad2 = 18,      // fp32 [El, H, I]: dW2
   kPreactRows = 20,       // bf16 [P, 2I]: [gate | up] of every schedule row (saved by the forward, or recomputed)
   kSharedPreact = 21,     // bf16 [T, 2S]: the shared expert's [gate | up] (saved, or recomputed)
+  kSharedWeightGrad13 = 22,  // fp32 [2S, H]: the shared expert's dW13
+  kSharedWeightGrad2 = 23,   // fp32 [H, S]: its dW2
 };
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) {
@@ -85,6 +88,8 @@ enum class Rows : int32_t {
   kTokens,    // the rank's own tokens, in token order
   kExpert,    // one local expert's output tile, reducing over all its schedule
               // rows (a weight gradient): K is that expert's padded rows
+  kTokenReduce,  // one output tile of a matrix reduced over the rank's own
+                 // tokens (the shared expert's weight gradient): K is the tokens
 };
 
 // What one index of a counter array stands for.
@@ -244,12 +249,40 @@ constexpr int32_t finale_kind(int32_t i) {
     return kNoTaskKind;
   }
 }
-// Whether a pass has per-expert kinds or counters (the forward has neither,
-// and its geometry carries nothing for them).
+// kTokenFinale[]: kinds reduced over the rank's own tokens, handed out after
+// the pipeline and before kFinale's per-expert blocks, every task of each.
+template <class Pass>
+constexpr bool has_token_finale() {
+  return requires { Pass::kTokenFinale; };
+}
+template <class Pass>
+constexpr int32_t token_finale_size() {
+  if constexpr (has_token_finale<Pass>()) {
+    return static_cast<int32_t>(sizeof(Pass::kTokenFinale) / sizeof(int32_t));
+  } else {
+    return 0;
+  }
+}
+template <class Pass>
+constexpr int32_t token_finale_kind(int32_t i) {
+  if constexpr (has_token_finale<Pass>()) {
+    return Pass::kTokenFinale[i];
+  } else {
+    (void)i;
+    return kNoTaskKind;
+  }
+}
+// A kind whose tasks are tiles of a weight gradient: per local expert, or
+// over the rank's own tokens. Its m-tiles count the output's row tiles and
+// its K is rows known only with the schedule (or the tokens).
+MOK_HD constexpr bool reduces_rows(Rows rows) { return rows == Rows::kExpert || rows == Rows::kTokenReduce; }
+
+// Whether a pass has per-expert kinds or counters, or token-reduced kinds
+// (the forward has none, and its geometry carries nothing for them).
 template <class Pass>
 constexpr bool has_expert_work() {
   for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
-    if (Pass::kKinds[k].rows == Rows::kExpert) return true;
+    if (reduces_rows(Pass::kKinds[k].rows)) return true;
   }
   for (int32_t c = 0; c < Pass::kNumCounters; ++c) {
     if (Pass::kCounters[c].span == Span::kExpert) return true;
@@ -294,15 +327,20 @@ MOK_HD constexpr int32_t map_index(int32_t kind, int32_t operand) {
 
 // The TMA tensor maps per rank of a pass with a map per operand and weight
 // gradients (the backward's): one per operand of each kind (map_index), then
-// the weight gradients' outputs (dW13, dW2), through which their bf16 tiles
-// are stored (unused, and left zero, for fp32 output).
+// the weight gradients' outputs (dW13, dW2, the shared expert's dW13, dW2),
+// through which their bf16 tiles are stored (unused, and left zero, for fp32
+// output).
+inline constexpr int32_t kWeightGradOutputs = 4;
 template <class Pass>
 MOK_HD constexpr int32_t num_backward_maps() {
-  return 2 * Pass::kNumKinds + 2;
+  return 2 * Pass::kNumKinds + kWeightGradOutputs;
 }
 template <class Pass>
 MOK_HD constexpr int32_t weight_grad_output_map(Tensor out) {
-  return 2 * Pass::kNumKinds + (out == Tensor::kWeightGrad13 ? 0 : 1);
+  return 2 * Pass::kNumKinds + (out == Tensor::kWeightGrad13         ? 0
+                                : out == Tensor::kWeightGrad2        ? 1
+                                : out == Tensor::kSharedWeightGrad13 ? 2
+                                                                     : 3);
 }
 
 // Whether some kind of the pass reads tensor t through TMA (the async proxy):
@@ -318,7 +356,7 @@ MOK_HD constexpr bool read_by_tma(Tensor t) {
 // ---- what a table must satisfy (checked at compile time) ----------------------
 // Every kind is handed out exactly once: by the prologue (own-token kinds,
 // which need no schedule), the pipeline (schedule-row kinds) or the finale
-// (per-expert kinds); a kind without a minibatch (own tokens, per expert)
+// (token-reduced kinds, then per-expert kinds); a kind without a minibatch
 // moves no ring counter, and a kind of own tokens no per-expert one; a
 // ring-slot counter is only awaited for the previous generation (the last
 // minibatch may be short, so "this generation's slot is complete" has no
@@ -345,13 +383,18 @@ constexpr bool pass_table_is_consistent() {
       ++seen;
       if (spec.rows != Rows::kExpert) return false;
     }
+    for (int32_t p = 0; p < token_finale_size<Pass>(); ++p) {
+      if (token_finale_kind<Pass>(p) != k) continue;
+      ++seen;
+      if (spec.rows != Rows::kTokenReduce) return false;
+    }
     if (seen != 1) return false;
     auto allowed = [&](int32_t counter) {
       if (counter < 0 || counter >= Pass::kNumCounters) return false;
       const Span span = Pass::kCounters[counter].span;
       const bool ring = span == Span::kRingTile || span == Span::kRingSlot;
       if (spec.rows != Rows::kSchedule && ring) return false;
-      if (spec.rows == Rows::kTokens && span == Span::kExpert) return false;
+      if ((spec.rows == Rows::kTokens || spec.rows == Rows::kTokenReduce) && span == Span::kExpert) return false;
       return true;
     };
     for (const CounterWait& w : spec.waits) {
@@ -386,7 +429,8 @@ struct ExpertGeometry {};
 template <class Pass>
 struct ExpertGeometry<Pass, true> {
   int32_t local_experts;                    // El
-  int32_t expert_m_tiles[Pass::kNumKinds];  // Rows::kExpert kinds: output row tiles per expert
+  int32_t expert_m_tiles[Pass::kNumKinds];  // Rows::kExpert kinds: output row tiles per expert;
+                                            // Rows::kTokenReduce kinds: of their one matrix
 };
 
 // A per-expert kind's output row tiles per expert, and over all experts (0
@@ -443,8 +487,9 @@ struct PassGeometry : ExpertGeometry<Pass> {
   MOK_HD int32_t slot_of(int32_t mb) const { return mb % ring_slots; }
   MOK_HD uint32_t generation_of(int32_t mb) const { return static_cast<uint32_t>(mb / ring_slots); }
   MOK_HD int32_t ring_tiles() const { return ring_slots * tiles_per_minibatch(); }
-  // m-tiles of a kind: schedule or token m-tiles, or (per-expert kinds)
-  // every expert's output row tiles, expert-major.
+  // m-tiles of a kind: schedule or token m-tiles, (per-expert kinds) every
+  // expert's output row tiles, expert-major, or (token-reduced kinds) its
+  // matrix's row tiles.
   MOK_HD int32_t kind_m_tiles(int32_t kind) const {
     int32_t m = 0;
     visit_kind<Pass>(kind, [&](auto K) {
@@ -453,6 +498,8 @@ struct PassGeometry : ExpertGeometry<Pass> {
         m = m_tiles();
       } else if constexpr (rows == Rows::kTokens) {
         m = token_m_tiles;
+      } else if constexpr (rows == Rows::kTokenReduce) {
+        m = expert_m_tiles_of<Pass>(*this, index_of<decltype(K)>);
       } else {
         m = all_experts_m_tiles_of<Pass>(*this, index_of<decltype(K)>);
       }
@@ -479,12 +526,13 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
   for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr TaskKindSpec spec = Pass::kKinds[K];
     const int32_t n = dim_of(s, spec.n);
-    // A per-expert kind's K is its expert's rows, known only with the schedule.
-    const int32_t k = spec.rows == Rows::kExpert ? 1 : dim_of(s, spec.k);
+    // A weight gradient's K is its expert's rows (or the tokens), known only
+    // with the schedule; an empty one still has its tiles (of zeros).
+    const int32_t k = reduces_rows(spec.rows) ? 1 : dim_of(s, spec.k);
     g.n_tiles[K] = n > 0 && k > 0 ? (n + spec.tile.out_cols() - 1) / spec.tile.out_cols() : 0;
     if constexpr (has_expert_work<Pass>()) {
       const int32_t m = dim_of(s, spec.m);
-      g.expert_m_tiles[K] = spec.rows == Rows::kExpert ? (m + spec.tile.block_m - 1) / spec.tile.block_m : 0;
+      g.expert_m_tiles[K] = reduces_rows(spec.rows) ? (m + spec.tile.block_m - 1) / spec.tile.block_m : 0;
     }
   });
   if constexpr (has_expert_work<Pass>()) g.local_experts = s.local_experts;
@@ -496,7 +544,8 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
 // prologue's kinds (every task of each, m-tile major), then the pipeline:
 // step s = 0, 1, ... emits, for each entry in order, the tasks of its kind for
 // minibatch s - lag (m-tile major, or n-tile major for an n_major entry) when
-// that minibatch exists. It must be a
+// that minibatch exists; then the finale: the token-reduced kinds (every
+// task of each, m-tile major), then the per-expert blocks. It must be a
 // topological order of the table's waits: every task waits only on tasks
 // with smaller tickets, or on dispatch work that itself waits only on such
 // tasks. With every worker resident (persistent grid), the smallest
@@ -650,7 +699,25 @@ MOK_HD Task decode_task(const PassGeometry<Pass>& g, int64_t ticket64) {
   for (; s <= last_step; ++s) {
     if (detail::pipeline_step(g, s, M, ticket, task)) return task;
   }
-  // 4. The finale: per-expert blocks, expert by expert; each expert's block
+  // 4. The token-reduced kinds (their K, the tokens, is the longest of the
+  //    finale's: first, so that they do not end the pass).
+  if constexpr (has_token_finale<Pass>()) {
+    bool placed = false;
+    for_each_index<token_finale_size<Pass>()>([&](auto F) {
+      constexpr int32_t kind = Pass::kTokenFinale[F];
+      if (placed) return;
+      const int32_t n = g.n_tiles[kind];
+      const int32_t size = g.expert_m_tiles[kind] * n;
+      if (ticket < size) {
+        task = {kind, -1, ticket / n, ticket % n};
+        placed = true;
+      } else {
+        ticket -= size;
+      }
+    });
+    if (placed) return task;
+  }
+  // 5. The finale: per-expert blocks, expert by expert; each expert's block
   //    has the same size (its kinds' output tiles), so in closed form too.
   if constexpr (has_finale<Pass>()) {
     int32_t per_expert = 0;
@@ -680,7 +747,8 @@ MOK_HD Task decode_task(const PassGeometry<Pass>& g, int64_t ticket64) {
   return Task{kNoTask, -1, -1, -1};
 }
 
-// The local expert of a per-expert kind's task (its m-tile is expert-major).
+// The local expert of a per-expert kind's task (its m-tile is expert-major;
+// a token-reduced kind's tasks give 0: one matrix).
 template <class Pass>
 MOK_HD int32_t expert_of_task(const PassGeometry<Pass>& g, const Task& t) {
   const int32_t per_expert = expert_m_tiles_of<Pass>(g, t.kind);

@@ -91,7 +91,6 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.maps, to_size(recompute ? protocol::num_backward_maps<BackwardRecomputePass>()
                                    : protocol::num_backward_maps<BackwardPass>()) *
                      kernel.tensor_map_bytes);
-    take(g.shared_groups, 3 * sizeof(int32_t));
     take(g.kept_preact, recompute ? P * 2 * I * 2 : 0);
     take(g.kept_shared_preact, recompute ? T_pad * 2 * S * 2 : 0);
     g.bytes = at;
@@ -108,8 +107,7 @@ std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
           {"d13_rows", g.d13_rows},     {"hw_rows", g.hw_rows},         {"dw_parts", g.dw_parts},
           {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
           {"shared_dx", g.shared_dx},   {"counters", g.counters},       {"combine_next", g.combine_next},
-          {"maps", g.maps},             {"shared_groups", g.shared_groups},
-          {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
+          {"maps", g.maps},             {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
 }
 
 }  // namespace mok::world

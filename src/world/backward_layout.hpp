@@ -45,7 +45,6 @@ struct BackwardRankLayout {
   Region counters;       // the backward table's counters (counter_words)
   Region combine_next;   // uint32 [1]
   Region maps;           // CUtensorMap [protocol::num_backward_maps]
-  Region shared_groups;  // int32 [3]: the shared expert's one group, {0, T} and {T}
   // Recompute mode only (empty in save mode): where its recompute kinds keep
   // [gate | up], which its g tasks then read.
   Region kept_preact;         // bf16 [buffer rows, 2I], by schedule row

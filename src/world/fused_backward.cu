@@ -1,8 +1,9 @@
 // The fused backward's facade (include/mok/fused_backward.hpp): validates the
 // layer and options (the forward's rules, forward_options.cpp), lays out one
 // workspace for every rank of the virtual world, builds the backward's tensor
-// maps, and enqueues a pass: counters zeroed, the fused kernel
-// (backward_kernel.cu), then the shared expert's weight gradients.
+// maps, and enqueues a pass: counters zeroed, then the fused kernel
+// (backward_kernel.cu), which computes every gradient, the shared expert's
+// weight gradients included.
 #include "mok/fused_backward.hpp"
 
 #include <cuda.h>
@@ -21,7 +22,6 @@
 #include "device/kernel/fused_backward_params.hpp"
 #include "device/roles/gemm_role.cuh"
 #include "mok/error.hpp"
-#include "mok/weight_grad.hpp"
 #include "protocol/counters.hpp"
 #include "world/backward_kernel.hpp"
 #include "world/backward_layout.hpp"
@@ -198,9 +198,6 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
       v.kept_preact = nullptr;
       v.kept_shared_preact = nullptr;
     }
-    const int32_t T = v.tokens;
-    const int32_t groups[3] = {0, T, T};
-    MOK_CUDA_CHECK(cudaMemcpy(base + g.shared_groups.offset, groups, sizeof(groups), cudaMemcpyHostToDevice));
   }
   });
 }
@@ -281,10 +278,17 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     m[map(Pass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
     if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in [16 rows][64 columns] boxes
       const std::array<cuuint32_t, 3> box_out{64, 16, 1};
-      m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(protocol::Tensor::kWeightGrad13))] =
-          encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
-      m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(protocol::Tensor::kWeightGrad2))] =
-          encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);
+      auto out_map = [&](protocol::Tensor out) -> CUtensorMap& {
+        return m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(out))];
+      };
+      out_map(protocol::Tensor::kWeightGrad13) = encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
+      out_map(protocol::Tensor::kWeightGrad2) = encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);
+      if (S > 0) {
+        out_map(protocol::Tensor::kSharedWeightGrad13) =
+            encode("dshared_w13 (bf16)", t.dshared_w13, 2, {H, 2 * S, 1}, {H * 2, 0}, box_out);
+        out_map(protocol::Tensor::kSharedWeightGrad2) =
+            encode("dshared_w2 (bf16)", t.dshared_w2, 2, {S, H, 1}, {S * 2, 0}, box_out);
+      }
     }
     if (S > 0 && T > 0) {
       m[map(Pass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
@@ -293,6 +297,15 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
       m[map(Pass::kSharedDx, 0)] = encode("shared d13", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_a);
       m[map(Pass::kSharedDx, 1)] =
           encode("shared w13 (k-by-n)", t.shared_w13, 3, {H, 2 * S, 1}, {H * 2, 2 * S * H * 2}, box_mn);
+      // The shared expert's weight gradients, over the tokens (K): dW13 =
+      // shared d13^T x, dW2 = dout^T shared h (a rank without tokens stores
+      // zeros and reads nothing).
+      m[map(Pass::kSharedWeightGrad13, 0)] =
+          encode("shared d13 (mn)", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_mn);
+      m[map(Pass::kSharedWeightGrad13, 1)] = encode("x (mn)", t.x, 2, {H, T, 1}, {H * 2, 0}, box_mn);
+      m[map(Pass::kSharedWeightGrad2, 0)] = encode("dout (mn)", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_mn);
+      m[map(Pass::kSharedWeightGrad2, 1)] =
+          encode("shared h (mn)", v.shared_h, 2, {S, T_pad, 1}, {S * 2, 0}, box_mn);
     }
     if constexpr (std::is_same_v<Pass, protocol::BackwardRecomputePass>) {
       // The recomputed gate/up: x rows (and x) against W13 as the forward reads it.
@@ -305,40 +318,6 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     }
   }
   });
-
-  // The shared expert's weight gradients, run after the fused kernel over
-  // each rank's own tokens from what it leaves in the workspace ([da | db]
-  // and h), and checked here, before anything is enqueued.
-  std::vector<WeightGradArgs> shared_grads;
-  for (int r = 0; shared && r < R; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    const uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
-    const auto* groups = reinterpret_cast<const int32_t*>(base + g.shared_groups.offset);
-    WeightGradArgs a;
-    a.group_offset = groups;
-    a.group_rows = groups + 2;
-    a.num_groups = 1;
-    a.m_total = c.tokens_per_rank[static_cast<size_t>(r)];
-    a.accumulate = accumulate;
-    auto out = [&](void* to) {
-      a.out = bf16_grads ? nullptr : static_cast<float*>(to);
-      a.out_bf16 = bf16_grads ? to : nullptr;
-    };
-    a.a = base + g.shared_d13.offset;  // dW13 = [da | db]^T x
-    a.b = t.x;
-    out(t.dshared_w13);
-    a.m = 2 * static_cast<int64_t>(S);
-    a.n = static_cast<int64_t>(H);
-    shared_grads.push_back(a);
-    a.a = t.dout;  // dW2 = dout^T h
-    a.b = base + g.shared_h.offset;
-    out(t.dshared_w2);
-    a.m = static_cast<int64_t>(H);
-    a.n = static_cast<int64_t>(S);
-    shared_grads.push_back(a);
-  }
-  for (const WeightGradArgs& a : shared_grads) validate_weight_grad(a);
 
   // The pass: after the previous one (which used the same workspace).
   cudaStream_t st = stream;
@@ -367,6 +346,8 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     v.dweights = t.dweights;
     v.dw13 = t.dw13;
     v.dw2 = t.dw2;
+    v.dshared_w13 = t.dshared_w13;
+    v.dshared_w2 = t.dshared_w2;
     MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps[static_cast<size_t>(r)].data(),
                                    sizeof(CUtensorMap) * map_count, cudaMemcpyHostToDevice, st));
     MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, st));
@@ -374,8 +355,6 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   }
   world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
   });
-  // The shared expert's weight gradients (checked before the launch).
-  for (const WeightGradArgs& a : shared_grads) grouped_weight_grad(a, st);
   MOK_CUDA_CHECK(cudaEventRecord(s.done, st));
   s.recorded = true;
 }

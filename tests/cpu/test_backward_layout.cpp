@@ -113,7 +113,7 @@ TEST(BackwardLayout, SizesAreWhatTheKernelReads) {
   EXPECT_EQ(g.shared_dx.bytes, T * H * 2);
   EXPECT_EQ(g.counters.bytes, mok::protocol::counter_words(g.geometry) * 4);
   // Two per kind (its operands) and the two weight gradients' outputs.
-  EXPECT_EQ(g.maps.bytes, (2 * static_cast<size_t>(mok::protocol::BackwardPass::kNumKinds) + 2) * kernel.tensor_map_bytes);
+  EXPECT_EQ(g.maps.bytes, (2 * static_cast<size_t>(mok::protocol::BackwardPass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
   // Without a shared expert its regions are empty.
   const auto plain = mok::make_config(mok::find_shape("tiny"), std::vector<int>{64});
   const auto Lp = mok::world::backward_layout(
@@ -145,7 +145,7 @@ TEST(BackwardLayout, RecomputeModeAddsTheKeptPreactivationsAndItsTablesCounters)
     EXPECT_EQ(g.counters.bytes, mok::protocol::counter_words(g.recompute_geometry) * 4);
     EXPECT_GT(g.counters.bytes, save.ranks[r].counters.bytes);  // two more counters
     EXPECT_EQ(g.maps.bytes,
-              (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + 2) * kernel.tensor_map_bytes);
+              (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
     // The regions do not overlap and fit the rank's bytes.
     size_t end = 0;
     for (const auto& region : mok::world::regions(g)) {

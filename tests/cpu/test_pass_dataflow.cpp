@@ -198,6 +198,15 @@ class DataflowModel {
       if (!tiles_.insert({t.kind, t.m_tile, t.n_tile}).second) errors_.push_back(who + " wrote its tile twice");
       return;
     }
+    if (spec.rows == Rows::kTokenReduce) {
+      // Reads every token row of both operands; writes one tile.
+      for (int64_t row = 0; row < tokens_; ++row) {
+        for (Tensor operand : {spec.a, spec.b}) expect_complete(operand, row, row, who);
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!tiles_.insert({t.kind, t.m_tile, t.n_tile}).second) errors_.push_back(who + " wrote its tile twice");
+      return;
+    }
     for (int i = 0; i < g_.tile_m; ++i) {
       const int64_t row = static_cast<int64_t>(t.m_tile) * g_.tile_m + i;
       if (spec.rows == Rows::kTokens) {
@@ -355,6 +364,17 @@ TEST(PassDataflow, AKindThatSkipsItsWaitsIsCaught) {
     const std::vector<int32_t> first{0, 3, 5};
     EXPECT_GT(runs_until_caught(backward_geometry_for(1, 1, 10, first), first, 10, o), 0)
         << "backward: dW13 tiles reading d13 and x without waiting went unnoticed";
+  }
+  {
+    // The shared dW13 tiles' tickets come after every other kind's: enough
+    // workers that some hold them while the (slow) shared g tasks run.
+    ModelOptions wide = o;
+    wide.gemm_workers = 16;
+    wide.skip_waits_of_kind = BackwardPass::kSharedWeightGrad13;
+    wide.slow_kind = BackwardPass::kSharedGrad;
+    const std::vector<int32_t> first{0, 1};
+    EXPECT_GT(runs_until_caught(backward_geometry_for(1, 1, 10, first), first, 10, wide), 0)
+        << "backward: shared dW13 tiles reading the shared d13 without waiting went unnoticed";
   }
   {
     // Recompute mode: g tasks that do not wait read pre-activations the

@@ -49,6 +49,8 @@ struct BackwardRankViewOf {
   float* dweights;         // [T, k]
   void* dw13;              // [El, 2I, H]: fp32, or bf16 (weight_grad_bf16)
   void* dw2;               // [El, H, I]
+  void* dshared_w13;       // [2S, H] (same type as dw13)
+  void* dshared_w2;        // [H, S]
 
   // Workspace: rows of the whole schedule (nothing is recycled in a pass).
   uint16_t* dout_rows;     // bf16 [row capacity, H]: dout of each schedule row (dispatch)

@@ -99,10 +99,10 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
                                task, n_cols);
   } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
     store_swiglu_backward_output<Spec>(ctx, storage, acc, consumer, task, n_cols);
-  } else if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
-    // A weight gradient: the expert's [m, n] fp32 matrix.
+  } else if constexpr (protocol::reduces_rows(Spec::value.rows)) {
+    // A weight gradient: the expert's [m, n] matrix (the shared expert's: its one matrix).
     const int32_t m = protocol::dim_of(ctx.shape(), Spec::value.m);
-    void* const base = Spec::value.out == protocol::Tensor::kWeightGrad13 ? v.dw13 : v.dw2;
+    void* const base = weight_grad_base<Spec::value.out>(v);
     const int64_t first = static_cast<int64_t>(task.expert) * m * n_cols;
     const WeightGradTile tile = weight_grad_tile_of<Spec>(task, ctx.shape());
     if (held.stage >= 0) {
@@ -191,7 +191,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
       k = protocol::dim_of(shape, spec.k);
       n_cols = protocol::dim_of(shape, spec.n);
       output_read_by_tma = protocol::read_by_tma<Pass>(spec.out) || protocol::read_by_tma<Pass>(spec.also_out);
-      per_expert = spec.rows == protocol::Rows::kExpert;
+      per_expert = protocol::reduces_rows(spec.rows);
       b_mn = spec.tile.b_major == OperandMajor::kMN;
     });
     // A warpgroup whose 64 rows are all padding (an expert's last tile, half
@@ -203,7 +203,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
       if (per_expert) {
         protocol::visit_kind<Pass>(task.kind, [&](auto K) {
           using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
-          if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+          if constexpr (protocol::reduces_rows(Spec::value.rows)) {
             using Cfg = KindConfig<Spec>;
             mma_weight_grad_tile<Cfg>(reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage), ring, consumer,
                                       weight_grad_tile_of<Spec>(task, shape), acc, kBarrierFusedWeightGradClear,

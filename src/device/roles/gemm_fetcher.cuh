@@ -85,6 +85,11 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
           task.row0 = smem.expert_offset[task.expert];
           task.real_rows = smem.expert_rows[task.expert];
           of = {task.expert, (smem.expert_offset[task.expert + 1] - task.row0) / g.tile_m};
+        } else if constexpr (Spec::value.rows == protocol::Rows::kTokenReduce) {
+          // K = the rank's tokens, all of them (none: a tile of zeros).
+          task.expert = 0;
+          task.row0 = 0;
+          task.real_rows = v.tokens;
         } else {
           task.row0 = t.m_tile * g.tile_m;
           task.real_rows = min(g.tile_m, v.tokens - task.row0);

@@ -45,7 +45,7 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
       const GemmTensorMaps task_maps{&maps[protocol::map_index<Pass>(kKind, 0)],
                                      &maps[protocol::map_index<Pass>(kKind, 1)]};
       auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
-      if constexpr (Spec::value.rows == protocol::Rows::kExpert) {
+      if constexpr (protocol::reduces_rows(Spec::value.rows)) {
         load_weight_grad_tile<Cfg>(task_maps, storage, ring, weight_grad_tile_of<Spec>(task, shape));
       } else {
         GemmTile tile;

@@ -77,7 +77,7 @@ constexpr bool kinds_mix_b_major() {
   bool mixed = false;
   protocol::for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr protocol::TaskKindSpec spec = Pass::kKinds[K];
-    if (spec.rows != protocol::Rows::kExpert && spec.tile.b_major != PassGemmCfg<Pass>::kBMajor) mixed = true;
+    if (!protocol::reduces_rows(spec.rows) && spec.tile.b_major != PassGemmCfg<Pass>::kBMajor) mixed = true;
   });
   return mixed;
 }
@@ -129,6 +129,17 @@ __device__ __forceinline__ uint16_t* output_base(const View& v) {
   if constexpr (kOut == protocol::Tensor::kSharedOut) return v.shared_out;
   if constexpr (kOut == protocol::Tensor::kSharedDx) return v.shared_dx;
   return nullptr;
+}
+
+// Where a weight-gradient kind's output goes in its rank's view.
+template <protocol::Tensor kOut, class View>
+__device__ __forceinline__ void* weight_grad_base(const View& v) {
+  static_assert(kOut == protocol::Tensor::kWeightGrad13 || kOut == protocol::Tensor::kWeightGrad2 ||
+                kOut == protocol::Tensor::kSharedWeightGrad13 || kOut == protocol::Tensor::kSharedWeightGrad2);
+  if constexpr (kOut == protocol::Tensor::kWeightGrad13) return v.dw13;
+  if constexpr (kOut == protocol::Tensor::kWeightGrad2) return v.dw2;
+  if constexpr (kOut == protocol::Tensor::kSharedWeightGrad13) return v.dshared_w13;
+  return v.dshared_w2;
 }
 
 // The output tile of a per-expert (weight-gradient) task: its m-tile counts
