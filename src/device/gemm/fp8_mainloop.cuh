@@ -47,7 +47,10 @@ struct Fp8Scales {
 
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
 // K, promoted stage by stage. Rows at or past m_total are zeros (never stored).
-template <class Cfg, class OnStall = TrapOnStall>
+// kAScalesOfThisPass: A's scales were written during this kernel by other
+// SMs (the fused FP8 forward's rings), so they are read through L2, never
+// through the non-coherent cache (which may hold an earlier generation's).
+template <class Cfg, bool kAScalesOfThisPass = false, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
                                              float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
@@ -120,8 +123,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   auto load_scales = [&](int kb) {
     const float sb = ue8m0_value(__ldg(scales.b + b_gate + kb));
     const float sb_up = kSwiGLU ? ue8m0_value(__ldg(scales.b + b_up + kb)) : sb;
-    const float sa_top = ue8m0_value(__ldg(scales.a + a_top + kb));
-    const float sa_low = ue8m0_value(__ldg(scales.a + a_low + kb));
+    const float sa_top = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_top + kb) : __ldg(scales.a + a_top + kb));
+    const float sa_low = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_low + kb) : __ldg(scales.a + a_low + kb));
     return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
                        __fmul_rn(sa_low, sb_up)};
   };

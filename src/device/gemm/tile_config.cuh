@@ -14,9 +14,12 @@ namespace mok::device {
 // kClusterN_ = 2: two CTAs of a cluster take neighbouring n-tiles of the same
 // rows and each multicasts half of the shared A box into both
 // (ptx/cluster.cuh); 1: a CTA loads its whole tile.
+// kStageStride_: bytes from one stage to the next when more than A + B (a
+// fused pass whose kinds load stages of different sizes walks one ring:
+// every kind must see stage s at the same address).
 template <int kBlockM_, int kBlockN_, int kStages_, EpilogueKind kEpilogue_,
           ElementType kElement_ = ElementType::kBF16, OperandMajor kBMajor_ = OperandMajor::kK,
-          OperandMajor kAMajor_ = OperandMajor::kK, int kClusterN_ = 1>
+          OperandMajor kAMajor_ = OperandMajor::kK, int kClusterN_ = 1, int kStageStride_ = 0>
 struct GemmTileConfig {
   static constexpr GemmTileShape kShape{kBlockM_, kBlockN_, kEpilogue_, kElement_, kBMajor_, kAMajor_};
   static constexpr int kBlockM = kBlockM_;  // A rows per tile: 64 per consumer warpgroup
@@ -48,7 +51,9 @@ struct GemmTileConfig {
 
   static constexpr uint32_t kABytes = kBlockM * kRowBytes;
   static constexpr uint32_t kBBytes = kBlockN * kRowBytes;
-  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;  // what TMA fills (the full barrier's bytes)
+  static constexpr uint32_t kStagePadBytes =
+      kStageStride_ > static_cast<int>(kStageBytes) ? kStageStride_ - kStageBytes : 0;
   // Epilogue staging: each consumer warp owns 16 rows x 64 columns of bf16.
   static constexpr int kStagingBytesPerWarp = 16 * 64 * 2;
   // The split-N gate/up tile: the accumulator halves the two consumer
@@ -94,12 +99,21 @@ struct GemmTileConfig {
                 "a SwiGLU B interleaves gate and up rows along N: K-major only");
 };
 
+template <uint32_t kA, uint32_t kB, uint32_t kPad>
+struct alignas(1024) GemmStage {
+  uint8_t a[kA];  // [BM rows][kBlockK], 128B-swizzled by TMA
+  uint8_t b[kB];  // [BN rows][kBlockK], 128B-swizzled by TMA
+  uint8_t pad[kPad];
+};
+template <uint32_t kA, uint32_t kB>
+struct alignas(1024) GemmStage<kA, kB, 0> {
+  uint8_t a[kA];
+  uint8_t b[kB];
+};
+
 template <class Cfg>
 struct alignas(1024) GemmSharedStorage {
-  struct alignas(1024) Stage {
-    uint8_t a[Cfg::kABytes];  // [BM rows][kBlockK], 128B-swizzled by TMA
-    uint8_t b[Cfg::kBBytes];  // [BN rows][kBlockK], 128B-swizzled by TMA
-  };
+  using Stage = GemmStage<Cfg::kABytes, Cfg::kBBytes, Cfg::kStagePadBytes>;
   Stage stages[Cfg::kStages];
   // 1 KB-aligned (it is, after whole stages): a weight-gradient tile's TMA
   // store reads 128-byte-swizzled boxes from it (weight_grad_tile.cuh).

@@ -35,87 +35,128 @@
 
 namespace mok::device {
 
-// `values` e4m3 [m_total][n], `scales` ue8m0 [m_total][n / 128];
-// `exchange` Cfg::kExchangeFloats of shared memory; barrier_id names a
-// barrier of the 256 consumer threads (both warpgroups call this for every
-// tile).
+// The exchange: afterwards the finisher warps (warpgroup 0's warps 0-1,
+// warpgroup 1's warps 2-3) hold h = silu(gate) * up of their rows in `acc`;
+// returns whether this warp is one. `exchange` holds kRounds x ... floats:
+// with one round (the grouped GEMM, Cfg::kExchangeFloats of its own) both
+// halves move at once; with two (the fused FP8 forward, whose shared memory
+// has room for half: the consumer warps' 16 KB of staging) first the up
+// values for warpgroup 0, then the gate values for warpgroup 1, each round
+// between two barriers. The arithmetic per element is the same either way.
+template <class Cfg, int kRounds>
+__device__ __forceinline__ bool swiglu_exchange(float (&acc)[Cfg::kAccRegs], float* exchange, int consumer,
+                                                int barrier_id) {
+  static_assert(kRounds == 1 || kRounds == 2);
+  constexpr int kRegs = Cfg::kAccRegs;
+  constexpr int kRegion = 2 * kRegs * 32;  // floats: two warps' fragments
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  // Rows 0..31 are warps 0-1's, finished by warpgroup 0; rows 32..63 warps
+  // 2-3's, finished by warpgroup 1.
+  const bool finisher = consumer == 0 ? warp < 2 : warp >= 2;
+  // Region 0 holds up values for warpgroup 0, region 1 gate values for
+  // warpgroup 1: a non-finisher writes the other warpgroup's region, a
+  // finisher reads its own.
+  const int region = finisher ? consumer : 1 - consumer;
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round) {
+    const bool active = kRounds == 1 || region == round;
+    float* const at = exchange + (kRounds == 1 ? region * kRegion : 0) + (warp % 2) * kRegs * 32 + lane;
+    if (!finisher && active) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) at[i * 32] = acc[i];
+    }
+    named_barrier_sync(barrier_id, 256);
+    if (finisher && active) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const float partner = at[i * 32];
+        acc[i] = consumer == 0 ? silu_mul(acc[i], partner) : silu_mul(partner, acc[i]);
+      }
+    }
+    // The next round (or the finishers' stores, when the exchange is the
+    // staging) reuses the area only after every read.
+    if (kRounds > 1) named_barrier_sync(barrier_id, 256);
+  }
+  return finisher;
+}
+
+// A finisher warp: its 16 rows of h (in `h`, the accumulator fragment), each
+// row's 128 values quantized with the row's scale, through its staging, to
+// values[row * n + tile.n0 ..] and scales[row * (n / 128) + tile.n0 / 128].
 template <class Cfg>
+__device__ __forceinline__ void store_quantized_h_rows(const float (&h)[Cfg::kAccRegs], GemmSharedStorage<Cfg>& smem,
+                                                       int consumer, const GemmTile& tile, uint8_t* values,
+                                                       uint8_t* scales, int n) {
+  constexpr int kRegs = Cfg::kAccRegs;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
+  // Fragment: h[4j + 2hh + e] is row (warp * 16 + lane / 4 + 8 hh), column
+  // 8j + 2 (lane % 4) + e. A row's 128 columns sit in its quad of lanes.
+  float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) amax[(i / 2) % 2] = fmaxf(amax[(i / 2) % 2], fabsf(h[i]));
+  int32_t e[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 1));
+    amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 2));
+    e[hh] = fp8_scale_exponent(amax[hh]);
+  }
+  // The warp's 16 rows x 128 bytes through its staging, 16-byte chunks
+  // XOR-swizzled by row, then whole 128-byte lines to global memory.
+  const uint32_t base = shared_address(smem.staging[consumer * 4 + warp]);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float inv = ue8m0_value(static_cast<uint32_t>(127 - e[hh]));  // 2^-e, exact
+    const int r = lane / 4 + 8 * hh;
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j) {
+      const uint16_t q = pack_e4m3x2(__fmul_rn(h[4 * j + 2 * hh], inv), __fmul_rn(h[4 * j + 2 * hh + 1], inv));
+      const int byte = 8 * j + 2 * (lane % 4);
+      const uint32_t at = base + r * 128 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16;
+      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(q) : "memory");
+    }
+  }
+  __syncwarp();
+  const int first_row = tile.row0 + warp * 16;
+  const int c = lane & 7;
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int r = it * 4 + (lane >> 3);
+    const uint4 v = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
+    if (first_row + r < tile.row_end) st_global_v4(values + static_cast<int64_t>(first_row + r) * n + tile.n0 + c * 16, v);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = first_row + lane / 4 + 8 * hh;
+    if (lane % 4 == 0 && row < tile.row_end) {
+      scales[static_cast<int64_t>(row) * (n / 128) + tile.n0 / 128] = static_cast<uint8_t>(127 + e[hh]);
+    }
+  }
+  __syncwarp();  // the staging is reused by the next tile's writes
+}
+
+// `values` e4m3 [m_total][n], `scales` ue8m0 [m_total][n / 128];
+// `exchange` Cfg::kExchangeFloats of shared memory (kRounds 1), or half of
+// that (kRounds 2: it may be the staging itself); barrier_id names a barrier
+// of the 256 consumer threads (both warpgroups call this for every tile).
+template <class Cfg, int kRounds = 1>
 __device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cfg::kAccRegs],
                                                            GemmSharedStorage<Cfg>& smem, float* exchange,
                                                            int consumer,
                                                            const GemmTile& tile, uint8_t* values, uint8_t* scales,
                                                            int n, int barrier_id) {
   static_assert(Cfg::kSplitN && Cfg::kAccRegs == 64, "the split-N FP8 gate/up tile: 64 rows x 128 columns a warpgroup");
-  constexpr int kRegs = Cfg::kAccRegs;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
-  // Rows 0..31 are warps 0-1's, finished by warpgroup 0; rows 32..63 warps
-  // 2-3's, finished by warpgroup 1.
-  const bool finisher = consumer == 0 ? warp < 2 : warp >= 2;
-  // exchange[region][warp % 2][register][lane]: region 0 holds up values for
-  // warpgroup 0, region 1 gate values for warpgroup 1.
-  float* const region = exchange + (consumer == 0 ? 1 : 0) * (2 * kRegs * 32);
-  if (!finisher) {
-    float* mine = region + (warp % 2) * kRegs * 32 + lane;
+  float h[Cfg::kAccRegs];
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) mine[i * 32] = acc[i];
+  for (int i = 0; i < Cfg::kAccRegs; ++i) h[i] = acc[i];
+  if (swiglu_exchange<Cfg, kRounds>(h, exchange, consumer, barrier_id)) {
+    store_quantized_h_rows<Cfg>(h, smem, consumer, tile, values, scales, n);
   }
-  named_barrier_sync(barrier_id, 256);
-  if (finisher) {
-    const float* other = exchange + (consumer == 0 ? 0 : 1) * (2 * kRegs * 32) + (warp % 2) * kRegs * 32 + lane;
-    float h[kRegs];
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) {
-      const float partner = other[i * 32];
-      h[i] = consumer == 0 ? silu_mul(acc[i], partner) : silu_mul(partner, acc[i]);
-    }
-    // Fragment: h[4j + 2hh + e] is row (warp * 16 + lane / 4 + 8 hh), column
-    // 8j + 2 (lane % 4) + e. A row's 128 columns sit in its quad of lanes.
-    float amax[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) amax[(i / 2) % 2] = fmaxf(amax[(i / 2) % 2], fabsf(h[i]));
-    int32_t e[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 1));
-      amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 2));
-      e[hh] = fp8_scale_exponent(amax[hh]);
-    }
-    // The warp's 16 rows x 128 bytes through its staging, 16-byte chunks
-    // XOR-swizzled by row, then whole 128-byte lines to global memory.
-    const uint32_t base = shared_address(smem.staging[consumer * 4 + warp]);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float inv = ue8m0_value(static_cast<uint32_t>(127 - e[hh]));  // 2^-e, exact
-      const int r = lane / 4 + 8 * hh;
-#pragma unroll
-      for (int j = 0; j < kRegs / 4; ++j) {
-        const uint16_t q = pack_e4m3x2(__fmul_rn(h[4 * j + 2 * hh], inv), __fmul_rn(h[4 * j + 2 * hh + 1], inv));
-        const int byte = 8 * j + 2 * (lane % 4);
-        const uint32_t at = base + r * 128 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16;
-        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(q) : "memory");
-      }
-    }
-    __syncwarp();
-    const int first_row = tile.row0 + warp * 16;
-    const int c = lane & 7;
-#pragma unroll
-    for (int it = 0; it < 4; ++it) {
-      const int r = it * 4 + (lane >> 3);
-      const uint4 v = ld_shared_v4(base + r * 128 + ((c ^ (r & 7)) * 16));
-      if (first_row + r < tile.row_end) st_global_v4(values + static_cast<int64_t>(first_row + r) * n + tile.n0 + c * 16, v);
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = first_row + lane / 4 + 8 * hh;
-      if (lane % 4 == 0 && row < tile.row_end) {
-        scales[static_cast<int64_t>(row) * (n / 128) + tile.n0 / 128] = static_cast<uint8_t>(127 + e[hh]);
-      }
-    }
-    __syncwarp();  // the staging is reused by the next tile's writes
-  }
-  // The exchange is read before either warpgroup's next tile writes it (with
-  // short K a warpgroup could otherwise finish its next K loop first).
+  // The exchange (and the staging) is read before either warpgroup's next
+  // tile writes it (with short K a warpgroup could otherwise finish its next
+  // K loop first).
   named_barrier_sync(barrier_id, 256);
 }
 

@@ -23,10 +23,13 @@
 #include "device/roles/schedule_role.cuh"
 #include "device/trace/trace_record.cuh"
 #include "device/roles/world_barrier_role.cuh"
+#include "protocol/pass_forward_fp8.hpp"
 
 namespace mok::device {
 
-template <cuda::thread_scope kScope, bool kTraining>
+// Pass: the forward's table, or the FP8 forward's (protocol/pass_forward_fp8.hpp:
+// the same roles and counters over block-scaled FP8 rings and tiles).
+template <cuda::thread_scope kScope, bool kTraining, class Pass = protocol::ForwardPass>
 __global__ void __launch_bounds__(kFusedThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams params) {
   extern __shared__ uint8_t smem_raw[];
@@ -35,7 +38,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (!start_rank_block(params, block)) return;  // SMs left over by the partition
   const int rank = block.rank, cta = block.cta;
 
-  RoleContext<kScope, kTraining> ctx{params, rank, {params.timeout_ns}};
+  RoleContext<kScope, kTraining, FusedForwardParams, Pass> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
   const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;

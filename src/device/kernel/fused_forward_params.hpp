@@ -73,6 +73,17 @@ struct SavedPreactivations {
   uint16_t* shared;  // bf16 [T, 2S]: row = token
 };
 
+// The FP8 pass, per rank (LayerConfig::dtype kFP8E4M3; docs/fp8-forward-design.md):
+// the scales beside the e4m3 bytes. There the view's w13 / w2 maps read e4m3
+// weights, and ring_x / ring_h hold e4m3 rows (1 byte per value), each row's
+// ue8m0 scales (one per 128 columns) in these workspace arrays.
+struct Fp8RankOperands {
+  uint8_t* ring_x_scales;      // [ring rows, H / 128]: written by the dispatch, which quantizes the pulled rows
+  uint8_t* ring_h_scales;      // [ring rows, I / 128]: written by the gate/up epilogue
+  const uint8_t* w13_scales;   // [El, 2I / 128, H / 128] (the caller's, mok::fp8::quantize_weight's layout)
+  const uint8_t* w2_scales;    // [El, H / 128, I / 128]
+};
+
 struct FusedForwardParams {
   using Pass = protocol::ForwardPass;  // the table the kernel's roles walk (role_context.cuh)
   RankView ranks[kMaxWorldSize];
@@ -101,6 +112,7 @@ struct FusedForwardParams {
   uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
   uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
   SavedPreactivations saved[kMaxWorldSize];  // training mode (last: the inference kernel's offsets do not move)
+  Fp8RankOperands fp8[kMaxWorldSize];        // the FP8 pass (after the rest, for the same reason)
 };
 
 }  // namespace mok::device

@@ -12,6 +12,7 @@
 #include "device/ptx/wgmma.cuh"
 #include "device/roles/dispatch_role.cuh"
 #include "device/roles/gemm_consumer.cuh"
+#include "device/roles/gemm_consumer_mixed.cuh"
 #include "device/roles/gemm_fetcher.cuh"
 #include "device/roles/gemm_producer.cuh"
 #include "device/roles/gemm_role.cuh"
@@ -108,7 +109,11 @@ __device__ __forceinline__ bool run_gemm_cta(Ctx& ctx, FusedGemmShared& gemm_sme
     return false;
   }
   wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  gemm_consumer(ctx, gemm_smem, warpgroup - 1);
+  if constexpr (kinds_share_mainloop<typename Ctx::Pass>() || protocol::has_expert_work<typename Ctx::Pass>()) {
+    gemm_consumer(ctx, gemm_smem, warpgroup - 1);
+  } else {
+    gemm_consumer_mixed(ctx, gemm_smem, warpgroup - 1);
+  }
   return true;
 }
 

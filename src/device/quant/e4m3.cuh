@@ -36,4 +36,23 @@ __device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
 
+// One 1 x 128 block of bf16 values quantized by a warp: `raw` is this lane's
+// four consecutive values (lane l: values 4l .. 4l + 3). Returns this lane's
+// four e4m3 bytes (lowest value in the lowest byte) and, in `scale`, the
+// block's ue8m0 byte (every lane gets it). The amax is a warp max
+// (order-free): the bytes depend only on the block.
+__device__ __forceinline__ uint32_t quantize_block_warp(uint2 raw, uint8_t& scale) {
+  const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xFFFF0000u),
+                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xFFFF0000u)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  const int32_t e = fp8_scale_exponent(amax);
+  const float inv = ue8m0_value(static_cast<uint32_t>(127 - e));  // 2^-e, exact
+  const uint32_t lo = pack_e4m3x2(__fmul_rn(v[0], inv), __fmul_rn(v[1], inv));
+  const uint32_t hi = pack_e4m3x2(__fmul_rn(v[2], inv), __fmul_rn(v[3], inv));
+  scale = static_cast<uint8_t>(127 + e);
+  return lo | (hi << 16);
+}
+
 }  // namespace mok::device

@@ -31,16 +31,22 @@ __device__ __forceinline__ bool combine(Ctx& ctx, int warp, int warps, bool trac
   bool ok = true;
   const TraceStamp wait_begin = trace_now();
   if (lane == 0) {
-    ok = protocol::wait_shared_done(ctx.sync, ctx.counters(), ctx.geometry(0), ctx.rank);
+    // The table's combine waits: its shared expert, then each owner's routed
+    // outputs (polled on the owner's own counter, a read of peer memory).
+    using Pass = typename Ctx::Pass;
+    constexpr protocol::CounterWait kShared = Pass::Combine::value.waits[0];
+    constexpr protocol::CounterWait kRouted = Pass::Combine::value.waits[1];
+    const auto& mine = ctx.counters();
+    ok = protocol::wait_counter(ctx.sync, mine.abort_view(), mine, ctx.geometry(0), kShared, 0, 0, ctx.rank, ctx.rank);
     for (int owner = 0; ok && owner < ctx.params.world_size; ++owner) {
-      const RankView& o = ctx.params.ranks[owner];
+      const auto& o = ctx.counters_of(owner);
       // The owner's padded rows are final once its schedule is; wait for that first.
-      ok = protocol::wait_schedule_filled(ctx.sync, o.counters, ctx.schedule_warps(), owner);
+      ok = protocol::wait_schedule_filled(ctx.sync, o, ctx.schedule_warps(), owner);
       if (!ok) break;
-      const int32_t padded = static_cast<int32_t>(__ldcg(o.counters.schedule_rows));
+      const int32_t padded = static_cast<int32_t>(__ldcg(o.schedule_rows));
       Ctx owner_ctx{ctx.params, owner, ctx.sync};
-      ok = protocol::wait_down_done(ctx.sync, ctx.counters(), o.counters, owner_ctx.geometry(padded),
-                                    ctx.rank, owner);
+      ok = protocol::wait_counter(ctx.sync, mine.abort_view(), o, owner_ctx.geometry(padded), kRouted, 0, 0, ctx.rank,
+                                  owner);
     }
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);

@@ -12,6 +12,8 @@
 
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"
+#include "device/ptx/vector_io.cuh"
+#include "device/quant/e4m3.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/trace/trace_record.cuh"
 
@@ -91,6 +93,59 @@ __device__ __forceinline__ void end_copy_warp(DispatchShared& smem, int warp) {
   for (int s = 0; s < kSlotsPerWarp; ++s) mbarrier_inval(&smem.full[warp][s]);
 }
 
+// Whether a pass's rings hold block-scaled FP8 rows (the FP8 forward's table
+// says so): its dispatch quantizes the rows it pulls.
+template <class Pass>
+constexpr bool fp8_rings() {
+  if constexpr (requires { Pass::kFp8Rings; }) {
+    return Pass::kFp8Rings;
+  } else {
+    return false;
+  }
+}
+
+// The FP8 forward's copy, by the whole copy warp: each of its rows of the
+// m-tile read from the home rank's x and written to the ring as e4m3 bytes
+// and one ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host
+// quantizer and the CPU reference apply, so a row's bytes depend only on the
+// row). No shared memory: the row is read straight from the home rank (peer
+// memory in a multi-GPU world), a 1 x 128 block per warp instruction, four
+// blocks in flight. Generic stores: the caller fences them toward TMA.
+template <class Ctx, class Geometry>
+__device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, int copy_warp, const Geometry& g, int32_t m_tile) {
+  const auto& v = ctx.view();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t H = ctx.params.hidden;
+  const int32_t blocks = static_cast<int32_t>(H / 128);
+  const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
+  uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_x);
+  uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_x_scales;
+  const RowSource* tile_rows = v.rows + static_cast<int64_t>(m_tile) * g.tile_m;
+  constexpr int kInFlight = 4;
+  for (int32_t i = copy_warp; i < g.tile_m; i += kCopyWarps) {
+    const RowSource src = load_row_source(&tile_rows[i]);
+    if (is_padding(src)) continue;  // warp-uniform
+    const uint16_t* from = ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H;
+    uint8_t* const to = values + (ring_row0 + i) * H;
+    uint8_t* const to_scales = scales + (ring_row0 + i) * blocks;
+    for (int32_t b0 = 0; b0 < blocks; b0 += kInFlight) {
+      uint2 raw[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (b0 + j < blocks) raw[j] = __ldg(reinterpret_cast<const uint2*>(from + (b0 + j) * 128 + lane * 4));
+      }
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (b0 + j >= blocks) break;  // warp-uniform
+        uint8_t scale;
+        const uint32_t bytes = quantize_block_warp(raw[j], scale);
+        *reinterpret_cast<uint32_t*>(to + (b0 + j) * 128 + lane * 4) = bytes;
+        if (lane == 0) to_scales[b0 + j] = scale;
+      }
+    }
+  }
+}
+
 // The forward's copy: x rows of the home ranks into the ring.
 template <class Ctx>
 __device__ __forceinline__ void copy_x_rows(Ctx& ctx, DispatchShared& smem, int copy_warp, uint32_t& phases,
@@ -121,7 +176,8 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
   named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
   const int32_t padded = shared_padded;
   if (padded < 0) return false;
-  const protocol::ForwardGeometry g = ctx.geometry(padded);
+  const auto g = ctx.geometry(padded);
+  using Pass = typename Ctx::Pass;
 
   uint32_t phases = 0;
   const int ctas = ctx.params.comm_ctas_per_rank;
@@ -129,7 +185,12 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
     const TraceStamp wait_begin = trace_now();
     TraceStamp copy_begin{0, 0};
     if (threadIdx.x == 0) {
-      ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, m_tile, ctx.rank);
+      if constexpr (fp8_rings<Pass>()) {
+        ok = protocol::wait_inputs<typename Pass::Dispatch>(ctx.sync, ctx.counters(), g,
+                                                             m_tile / g.tiles_per_minibatch(), m_tile, ctx.rank);
+      } else {
+        ok = protocol::wait_ring_free(ctx.sync, ctx.counters(), g, m_tile, ctx.rank);
+      }
       shared_flag = ok ? 1 : -1;
       copy_begin = trace_now();
       trace_record(ctx.params, TraceKind::kDispatchWait, m_tile, ctx.rank, wait_begin, copy_begin);
@@ -138,11 +199,22 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
     }
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (shared_flag < 0) return false;
-    if (lane == 0) copy_x_rows(ctx, smem, warp, phases, g, m_tile);
+    if constexpr (fp8_rings<Pass>()) {
+      copy_x_rows_fp8(ctx, warp, g, m_tile);
+      // Every lane stored (generic proxy); the gate/up tasks read by TMA.
+      fence_proxy_async_global();
+    } else {
+      if (lane == 0) copy_x_rows(ctx, smem, warp, phases, g, m_tile);
+    }
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (threadIdx.x == 0) {
       fence_proxy_async_global();
-      protocol::signal_tile_filled(ctx.sync, ctx.counters(), g, m_tile);
+      if constexpr (fp8_rings<Pass>()) {
+        protocol::signal_outputs<typename Pass::Dispatch>(ctx.sync, ctx.counters(), g, m_tile / g.tiles_per_minibatch(),
+                                                          m_tile);
+      } else {
+        protocol::signal_tile_filled(ctx.sync, ctx.counters(), g, m_tile);
+      }
       trace_record(ctx.params, TraceKind::kDispatchCopy, m_tile, ctx.rank, copy_begin, trace_now());
     }
   }

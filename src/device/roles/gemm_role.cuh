@@ -35,13 +35,22 @@ namespace mok::device {
 
 inline constexpr int kFusedStages = 4;
 
+// The fused kernels' stage: the bf16 128 x 256 tile's (A 16 KB + B 32 KB).
+// A kind whose stage is smaller (the FP8 forward's 64 x 256 tiles: 8 + 32 KB)
+// strides its stages by this too, so that every kind of a pass sees stage s
+// at the same address and the barriers after the stages at the same offset.
+inline constexpr int kFusedStageStride = (128 + 256) * 128;
+constexpr int stage_stride_of(GemmTileShape t) {
+  return (t.block_m + t.block_n) * 128 == kFusedStageStride ? 0 : kFusedStageStride;
+}
+
 // The device tile configuration of a task kind (Spec = protocol::KindSpec):
 // its shape is the table's, so the n-tile width the protocol counts and the
 // one the epilogue stores are one number.
 template <class Spec>
 using KindConfig = GemmTileConfig<Spec::value.tile.block_m, Spec::value.tile.block_n, kFusedStages,
                                   Spec::value.tile.epilogue, Spec::value.tile.element, Spec::value.tile.b_major,
-                                  Spec::value.tile.a_major>;
+                                  Spec::value.tile.a_major, 1, stage_stride_of(Spec::value.tile)>;
 
 // Every kind of a fused pass runs one mainloop shape: one shared-memory
 // stage layout, one accumulator array and one wgmma instruction shape (a
@@ -156,6 +165,17 @@ __device__ __forceinline__ WeightGradTile weight_grad_tile_of(const GemmTask& ta
   tile.row0 = task.row0;
   tile.rows = task.real_rows;
   return tile;
+}
+
+// Rows of the tile of the pass's kind whose rows go to home ranks (the row
+// resolver looks that many up per task).
+template <class Pass>
+constexpr int home_rows_per_task() {
+  int rows = 0;
+  for (int k = 0; k < Pass::kNumKinds; ++k) {
+    if (Pass::kKinds[k].out == protocol::Tensor::kHomeCombine) rows = Pass::kKinds[k].tile.block_m;
+  }
+  return rows;
 }
 
 // The width of a kind's output rows when they go to home ranks (the row

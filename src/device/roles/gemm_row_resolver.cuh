@@ -30,7 +30,8 @@ __device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& sme
     const int64_t width = home_row_width<Pass>(task.kind, shape);
     if (width > 0) {
       const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
-      for (int i = lane; i < FusedGemmCfg::kBlockM; i += 32) {
+      static_assert(home_rows_per_task<Pass>() <= FusedGemmCfg::kBlockM, "row_destination holds a tile's rows");
+      for (int i = lane; i < home_rows_per_task<Pass>(); i += 32) {
         const RowSource src = load_row_source(&rows[i]);
         smem.row_destination[slot][i] =
             is_padding(src) ? nullptr

@@ -18,6 +18,7 @@ namespace mok::device {
 enum NamedBarrier : int {
   kBarrierDispatch = 1,        // the copy warps of a dispatch CTA
   kBarrierFusedWeightGradClear = 2, // the consumer warpgroups of a GEMM CTA, around a weight-gradient tile's row clearing
+  kBarrierFusedExchange = 3,   // the consumer warpgroups of a GEMM CTA, handing a split-N tile's halves over (FP8)
 };
 
 // Warps per dispatch CTA, every one of which builds a share of the schedule
@@ -40,12 +41,16 @@ __device__ __forceinline__ RowSource load_row_source(const RowSource* row) {
 // which name the pass (Params::Pass) and hold every rank's view
 // (Params::ranks[r]); the GEMM roles read only fields every pass's params
 // and views share (docs/backward-design.md, "Implementation plan").
-template <cuda::thread_scope kScope_, bool kTraining_ = false, class Params_ = FusedForwardParams>
+// Pass_: the table, when it is not the params' own (the FP8 forward runs
+// ForwardFp8Pass over FusedForwardParams: the same counters, the same views;
+// only its tiles and its ring contents differ).
+template <cuda::thread_scope kScope_, bool kTraining_ = false, class Params_ = FusedForwardParams,
+          class Pass_ = typename Params_::Pass>
 struct RoleContext {
   static constexpr cuda::thread_scope kScope = kScope_;
   using Params = Params_;
   // The pass this kernel runs (its task table; src/protocol/pass_forward.hpp).
-  using Pass = typename Params::Pass;
+  using Pass = Pass_;
   using View = std::remove_cvref_t<decltype(std::declval<const Params&>().ranks[0])>;
   static constexpr bool kTraining = kTraining_;
 
@@ -54,7 +59,33 @@ struct RoleContext {
   protocol::DeviceSync<kScope> sync;
 
   __device__ const View& view() const { return params.ranks[rank]; }
-  __device__ const protocol::PassCounters<Pass>& counters() const { return view().counters; }
+  // A rank's counters as this pass's table names them. The view holds them as
+  // its params' pass does; another table over the same views must have the
+  // same counters (same number, spans and signalling), so the two types are
+  // the same pointers (static_assert below).
+  __device__ const protocol::PassCounters<Pass>& counters_of(int32_t r) const {
+    using Held = std::remove_cvref_t<decltype(params.ranks[0].counters)>;
+    if constexpr (std::is_same_v<Held, protocol::PassCounters<Pass>>) {
+      return params.ranks[r].counters;
+    } else {
+      static_assert(same_counters<typename Params::Pass, Pass>(), "a table over these views needs their counters");
+      return *reinterpret_cast<const protocol::PassCounters<Pass>*>(&params.ranks[r].counters);
+    }
+  }
+  __device__ const protocol::PassCounters<Pass>& counters() const { return counters_of(rank); }
+
+  template <class A, class B>
+  static constexpr bool same_counters() {
+    if (A::kNumCounters != B::kNumCounters) return false;
+    for (int i = 0; i < A::kNumCounters; ++i) {
+      if (A::kCounters[i].span != B::kCounters[i].span ||
+          A::kCounters[i].stores_generation != B::kCounters[i].stores_generation ||
+          A::kCounters[i].report_id != B::kCounters[i].report_id) {
+        return false;
+      }
+    }
+    return sizeof(protocol::PassCounters<A>) == sizeof(protocol::PassCounters<B>);
+  }
 
   __device__ protocol::PassShape shape() const {
     return protocol::PassShape{params.tile_m,       params.minibatch_rows, params.ring_slots,

@@ -1,0 +1,137 @@
+// The GEMM CTA's consumer warpgroups for a pass whose kinds run different
+// mainloops: the FP8 forward (protocol/pass_forward_fp8.hpp), whose shared
+// expert runs the bf16 128 x 256 tiles and whose routed kinds run
+// block-scaled FP8 64 x 256 split-N tiles (gemm/fp8_mainloop.cuh). The same
+// queues and hand-offs as gemm_consumer.cuh, which the single-mainloop
+// passes keep (so their code is unchanged); here each kind declares its own
+// accumulators inside its branch, so that the registers of one kind's
+// accumulators (and the FP8 loop's two partial sums) are never live in
+// another's.
+#pragma once
+
+#include <cstdint>
+
+#include "device/gemm/fp8_mainloop.cuh"
+#include "device/gemm/tile_epilogue_swiglu_quantize.cuh"
+#include "device/roles/gemm_consumer.cuh"
+
+namespace mok::device {
+
+// The scales of a FP8 kind's operands in its rank: A's rows are ring rows
+// (x for gate/up, h for down), B the rank's experts' weights.
+template <class Spec, class Ctx>
+__device__ __forceinline__ Fp8Scales fp8_scales_of(const Ctx& ctx) {
+  const Fp8RankOperands& q = ctx.params.fp8[ctx.rank];
+  const protocol::PassShape s = ctx.shape();
+  const int32_t k = protocol::dim_of(s, Spec::value.k);
+  Fp8Scales f;
+  f.k_blocks = k / 128;
+  f.m_total = ctx.params.ring_slots * ctx.params.minibatch_rows;
+  if constexpr (Spec::value.a == protocol::Tensor::kRingX) {
+    static_assert(Spec::value.b == protocol::Tensor::kW13);
+    f.a = q.ring_x_scales;
+    f.b = q.w13_scales;
+    f.n_blocks = 2 * s.intermediate / 128;
+    f.up_rows = s.intermediate;
+  } else {
+    static_assert(Spec::value.a == protocol::Tensor::kRingH && Spec::value.b == protocol::Tensor::kW2);
+    f.a = q.ring_h_scales;
+    f.b = q.w2_scales;
+    f.n_blocks = s.hidden / 128;
+    f.up_rows = 0;
+  }
+  return f;
+}
+
+template <class Ctx>
+__device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& smem, int consumer) {
+  using Pass = typename Ctx::Pass;
+  static_assert(!protocol::has_expert_work<Pass>(), "weight-gradient kinds run gemm_consumer.cuh's loop");
+  const int lane = threadIdx.x % 32;
+  const protocol::PassShape shape = ctx.shape();
+  // Every kind's stages sit where the fused layout puts them (KindConfig's
+  // stage stride), and its barriers after them: one ring for all.
+  StageRing<kFusedStages> ring{smem.storage.full, smem.storage.empty};
+  SlotCursor<kTaskSlots> tasks;
+  SlotCursor<kDoneSlots> done;
+  const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
+
+  for (;;) {
+    mbarrier_wait_parity(&smem.task_full[tasks.slot], tasks.phase, on_stall);
+    const GemmTask task = smem.tasks[tasks.slot];
+    const int task_slot = tasks.slot;
+    const uint32_t task_phase = tasks.phase;
+    tasks.advance();
+    if (task.kind == protocol::kNoTask) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
+      if (lane == 0) {
+        mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
+        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
+        mbarrier_arrive(&smem.done_full[done.slot]);
+      }
+      return;
+    }
+    const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
+    if (tracer) smem.trace_task_begin = trace_now();
+
+    bool output_read_by_tma = false;
+    protocol::visit_kind<Pass>(task.kind, [&](auto K) {
+      using Spec = protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>;
+      using Cfg = KindConfig<Spec>;
+      static_assert(sizeof(GemmSharedStorage<Cfg>) == sizeof(GemmSharedStorage<FusedGemmCfg>) &&
+                        offsetof(GemmSharedStorage<Cfg>, full) == offsetof(GemmSharedStorage<FusedGemmCfg>, full) &&
+                        offsetof(GemmSharedStorage<Cfg>, staging) ==
+                            offsetof(GemmSharedStorage<FusedGemmCfg>, staging) &&
+                        Cfg::kStages == kFusedStages,
+                    "every kind of the pass sees the fused shared-memory layout");
+      auto& storage = reinterpret_cast<GemmSharedStorage<Cfg>&>(smem.storage);
+      const int32_t k = protocol::dim_of(shape, Spec::value.k);
+      const int32_t n_cols = protocol::dim_of(shape, Spec::value.n);
+      output_read_by_tma =
+          protocol::read_by_tma<Pass>(Spec::value.out) || protocol::read_by_tma<Pass>(Spec::value.also_out);
+      // A split-N tile's warpgroups share its rows: both always compute. A
+      // row-split one's second warpgroup idles on a tile half padding.
+      const bool idle = !Cfg::kSplitN && consumer * 64 >= task.real_rows;
+      float acc[Cfg::kAccRegs];
+      if (idle) {
+        skip_tile<Cfg>(ring, k / Cfg::kBlockK, on_stall);
+      } else {
+        if constexpr (Cfg::kElement == ElementType::kE4M3) {
+          GemmTile tile;
+          tile.group = task.expert;
+          tile.row0 = task.row0;
+          tile.row_end = task.row0 + task.real_rows;
+          tile.n0 = task.n_tile * Cfg::kOutCols;
+          mma_fp8_tile<Cfg, true>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall);
+        } else {
+          mma_tile<Cfg>(storage, ring, consumer, k / Cfg::kBlockK, acc, on_stall);
+        }
+      }
+      if (tracer) smem.trace_mainloop_end = trace_now();
+      mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
+      if (!idle) store_task_output<Spec>(ctx, smem, acc, consumer, task, task_slot, n_cols, HeldStage{});
+    });
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
+    if (tracer) smem.trace_stores_end = trace_now();
+    if (output_read_by_tma) fence_proxy_async_global();
+    __syncwarp();
+    if (lane == 0) {
+      mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
+      if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
+      mbarrier_arrive(&smem.done_full[done.slot]);
+    }
+    done.advance();
+    if (tracer) {
+      const TraceStamp end = trace_now();
+      trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
+                   smem.trace_mainloop_end);
+      trace_record(ctx.params, TraceKind::kEpilogue, task.kind, ctx.rank, smem.trace_mainloop_end,
+                   smem.trace_stores_end);
+      trace_record(ctx.params, TraceKind::kHandoff, task.kind, ctx.rank, smem.trace_stores_end, end);
+    }
+  }
+}
+
+}  // namespace mok::device
