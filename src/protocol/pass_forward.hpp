@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/gemm_tile_shape.hpp"
 #include "common/host_device.hpp"
@@ -105,33 +106,39 @@ MOK_HD ForwardGeometry forward_geometry(const PassShape& s, int32_t tokens, int3
 }
 
 // ---- the forward's non-GEMM roles, by name ---------------------------------
+// For the forward's table and the tables that keep its dispatch and combine
+// by deriving from it (the FP8 forward's, pass_forward_fp8.hpp).
+template <class Pass>
+concept ForwardTable = std::is_base_of_v<ForwardPass, Pass>;
+
 // Dispatch, before filling m-tile `m_tile`'s rows.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_ring_free(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile, int32_t rank) {
-  return wait_inputs<ForwardPass::Dispatch>(s, c, g, m_tile / g.tiles_per_minibatch(), m_tile, rank);
+template <class Sync, ForwardTable Pass>
+MOK_HD bool wait_ring_free(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t m_tile,
+                           int32_t rank) {
+  return wait_inputs<typename Pass::Dispatch>(s, c, g, m_tile / g.tiles_per_minibatch(), m_tile, rank);
 }
 // Dispatch, after the m-tile's rows are in the ring (copies complete and visible).
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD void signal_tile_filled(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t m_tile) {
-  signal_outputs<ForwardPass::Dispatch>(s, c, g, m_tile / g.tiles_per_minibatch(), m_tile);
+template <class Sync, ForwardTable Pass>
+MOK_HD void signal_tile_filled(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t m_tile) {
+  signal_outputs<typename Pass::Dispatch>(s, c, g, m_tile / g.tiles_per_minibatch(), m_tile);
 }
 // Combine, on the home rank: its shared expert's output is complete.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_shared_done(Sync& s, const ForwardCounters& c, const ForwardGeometry& g, int32_t rank) {
-  constexpr CounterWait w = ForwardPass::Combine::value.waits[0];
+template <class Sync, ForwardTable Pass>
+MOK_HD bool wait_shared_done(Sync& s, const PassCounters<Pass>& c, const PassGeometry<Pass>& g, int32_t rank) {
+  constexpr CounterWait w = Pass::Combine::value.waits[0];
   return wait_counter(s, c.abort_view(), c, g, w, 0, 0, rank, rank);
 }
 // Combine: polls the owner's own counter (a read of peer memory; no remote
 // atomics): once it reaches the owner's total, every y row the owner made is
 // in place.
 MOK_EXEC_CHECK_DISABLE
-template <class Sync>
-MOK_HD bool wait_down_done(Sync& s, const ForwardCounters& waiter, const ForwardCounters& owner_counters,
-                           const ForwardGeometry& owner_geometry, int32_t waiter_rank, int32_t owner_rank) {
-  constexpr CounterWait w = ForwardPass::Combine::value.waits[1];
+template <class Sync, ForwardTable Pass>
+MOK_HD bool wait_down_done(Sync& s, const PassCounters<Pass>& waiter, const PassCounters<Pass>& owner_counters,
+                           const PassGeometry<Pass>& owner_geometry, int32_t waiter_rank, int32_t owner_rank) {
+  constexpr CounterWait w = Pass::Combine::value.waits[1];
   return wait_counter(s, waiter.abort_view(), owner_counters, owner_geometry, w, 0, 0, waiter_rank, owner_rank);
 }
 

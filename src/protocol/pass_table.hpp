@@ -13,8 +13,14 @@
 //   kDispatch, kCombine                the waits and signals of its non-GEMM roles (RoleSpec).
 //
 // Vocabulary (per receiver rank, over its padded schedule of P rows):
-//   m-tile     tile_m consecutive schedule rows (or own tokens); never straddles
-//              two experts because the schedule pads every expert to tile_m.
+//   m-tile     tile_m consecutive schedule rows; never straddles two experts
+//              because the schedule pads every expert to tile_m.
+//   token tile token_tile_m consecutive own tokens: the m-tile of the
+//              own-token kinds (Rows::kTokens), whose Span::kTokenTile
+//              counters count token tiles. It is tile_m unless the table's
+//              own-token kinds run taller tiles than its schedule kinds (the
+//              FP8 forward: 128-row bf16 shared-expert tiles, 64-row FP8
+//              routed tiles); the schedule never sees it.
 //   minibatch  minibatch_rows consecutive schedule rows (a multiple of tile_m):
 //              the unit in which the rings are recycled.
 //   slot       minibatch mb lives in ring slot mb % ring_slots; its generation
@@ -45,6 +51,9 @@ namespace mok::protocol {
 // Every tensor a task reads or writes. The first kNumMappedTensors are read by
 // TMA through a tensor map (the map's index is the value); the rest are only
 // written by a task and read with plain loads.
+// (The FP8 forward's rings hold e4m3 values with one ue8m0 scale per 128
+// columns of a row, and its routed weights are e4m3 with their block scales:
+// the same tensors, read through FP8 maps; pass_forward_fp8.hpp.)
 enum class Tensor : int32_t {
   kRingX = 0,      // bf16 [ring rows, H]: pulled x rows
   kW13 = 1,        // bf16 [El, 2I, H]: gate rows, then up rows
@@ -85,7 +94,7 @@ enum class Dim : int32_t { kHidden, kIntermediate, kSharedWidth, kTwoIntermediat
 // Whose rows a task's m-tile holds.
 enum class Rows : int32_t {
   kSchedule,  // schedule rows, staged in the ring slot of their minibatch
-  kTokens,    // the rank's own tokens, in token order
+  kTokens,    // the rank's own tokens, in token order (m-tiles: token tiles)
   kExpert,    // one local expert's output tile, reducing over all its schedule
               // rows (a weight gradient): K is that expert's padded rows
   kTokenReduce,  // one output tile of a matrix reduced over the rank's own
@@ -181,7 +190,11 @@ struct PassShape {
   int32_t tile_m, minibatch_rows, ring_slots, lookahead;
   int32_t hidden, intermediate, shared_width;
   int32_t local_experts = 0;  // passes with per-expert kinds or counters only
+  int32_t token_tile_m = 0;   // the token tile; 0: tile_m (shape_token_tile_m<Pass>() says which)
 };
+
+// The token tile a shape gives its own-token kinds.
+MOK_HD constexpr int32_t token_tile_of(const PassShape& s) { return s.token_tile_m > 0 ? s.token_tile_m : s.tile_m; }
 
 MOK_HD constexpr int32_t dim_of(const PassShape& s, Dim d) {
   switch (d) {
@@ -290,6 +303,46 @@ constexpr bool has_expert_work() {
   return false;
 }
 
+// ---- tile heights ---------------------------------------------------------------
+// A pass's m-tiles have two heights, each its kinds' tiles' block_m: the
+// m-tile (tile_m), of its schedule kinds, and the token tile, of its
+// own-token kinds. All kinds of one sort of rows share theirs (the geometry
+// counts one set of m-tiles per sort; pass_table_is_consistent checks it).
+// The height of the kinds of `rows`: 0 when the pass has none, -1 when they
+// disagree. (A per-expert or token-reduced kind's m-tiles are its output's
+// row tiles, counted by its own tile: no constraint.)
+template <class Pass>
+constexpr int32_t kinds_block_m(Rows rows) {
+  int32_t height = 0;
+  for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    if (Pass::kKinds[k].rows != rows) continue;
+    if (height != 0 && Pass::kKinds[k].tile.block_m != height) return -1;
+    height = Pass::kKinds[k].tile.block_m;
+  }
+  return height;
+}
+
+// What PassShape::token_tile_m is for a pass: its own-token kinds' height
+// where that differs from its schedule kinds' (the FP8 forward: 128 against
+// 64), else 0, "the m-tile" -- so a table whose kinds share one height (every
+// bf16 pass) keeps its token geometry on the run-time tile_m.
+template <class Pass>
+MOK_HD constexpr int32_t shape_token_tile_m() {
+  constexpr int32_t kToken = kinds_block_m<Pass>(Rows::kTokens);
+  constexpr int32_t kSchedule = kinds_block_m<Pass>(Rows::kSchedule);
+  return kToken > 0 && kSchedule > 0 && kToken != kSchedule ? kToken : 0;
+}
+
+// Whether a shape's heights are its table's tiles' (what the kernel runs):
+// the host must refuse a shape for which this is false. (The CPU models give
+// their tables small heights of their own and do not ask.)
+template <class Pass>
+constexpr bool shape_fits_tiles(const PassShape& s) {
+  constexpr int32_t kToken = kinds_block_m<Pass>(Rows::kTokens);
+  constexpr int32_t kSchedule = kinds_block_m<Pass>(Rows::kSchedule);
+  return (kSchedule == 0 || s.tile_m == kSchedule) && (kToken == 0 || token_tile_of(s) == kToken);
+}
+
 // A pass whose buffers must never wrap (it awaits no slot's readers, e.g. the
 // backward, whose weight gradients read every row of an expert at the end).
 template <class Pass>
@@ -354,19 +407,23 @@ MOK_HD constexpr bool read_by_tma(Tensor t) {
 }
 
 // ---- what a table must satisfy (checked at compile time) ----------------------
-// Every kind is handed out exactly once: by the prologue (own-token kinds,
-// which need no schedule), the pipeline (schedule-row kinds) or the finale
-// (token-reduced kinds, then per-expert kinds); a kind without a minibatch
-// moves no ring counter, and a kind of own tokens no per-expert one; a
-// ring-slot counter is only awaited for the previous generation (the last
-// minibatch may be short, so "this generation's slot is complete" has no
-// fixed target); every counter named exists.
+// Every kind has a tile, and the kinds of schedule rows share one height, as
+// do the kinds of own tokens (kinds_block_m); every kind is handed out
+// exactly once: by the prologue (own-token kinds, which need no schedule),
+// the pipeline (schedule-row kinds) or the finale (token-reduced kinds, then
+// per-expert kinds); a kind without a minibatch moves no ring counter, and a
+// kind of own tokens no per-expert one; a ring-slot counter is only awaited
+// for the previous generation (the last minibatch may be short, so "this
+// generation's slot is complete" has no fixed target); every counter named
+// exists.
 template <class Pass>
 constexpr bool pass_table_is_consistent() {
   constexpr int32_t kPrologueKinds = static_cast<int32_t>(sizeof(Pass::kPrologue) / sizeof(int32_t));
   constexpr int32_t kPipelineKinds = static_cast<int32_t>(sizeof(Pass::kPipeline) / sizeof(PipelineEntry));
+  if (kinds_block_m<Pass>(Rows::kSchedule) < 0 || kinds_block_m<Pass>(Rows::kTokens) < 0) return false;
   for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
     const TaskKindSpec& spec = Pass::kKinds[k];
+    if (spec.tile.block_m <= 0 || spec.tile.block_n <= 0) return false;
     int32_t seen = 0;
     for (int32_t p = 0; p < kPrologueKinds; ++p) {
       if (Pass::kPrologue[p] != k) continue;
@@ -459,11 +516,12 @@ MOK_HD int32_t all_experts_m_tiles_of(const ExpertGeometry<Pass>& g, int32_t kin
 template <class Pass>
 struct PassGeometry : ExpertGeometry<Pass> {
   int32_t padded_rows;      // P: this rank's schedule rows (multiple of tile_m)
-  int32_t tile_m;           // GEMM tile height
+  int32_t tile_m;           // the m-tile: the schedule kinds' GEMM tile height
   int32_t minibatch_rows;   // multiple of tile_m
   int32_t ring_slots;       // >= 1; a ring holds ring_slots * minibatch_rows rows
   int32_t lookahead;        // minibatches a lagging pipeline entry trails by, >= 1
-  int32_t token_m_tiles;    // m-tiles of the rank's own tokens
+  int32_t token_tile_m;     // rows of a token tile (own-token kinds' m-tile)
+  int32_t token_m_tiles;    // token tiles of the rank's own tokens
   int32_t n_tiles[Pass::kNumKinds];  // n-tiles of one m-tile, per kind (0: the kind has no tasks)
 
   // The lookahead in force: a lagging block reads what the leading block of
@@ -487,7 +545,7 @@ struct PassGeometry : ExpertGeometry<Pass> {
   MOK_HD int32_t slot_of(int32_t mb) const { return mb % ring_slots; }
   MOK_HD uint32_t generation_of(int32_t mb) const { return static_cast<uint32_t>(mb / ring_slots); }
   MOK_HD int32_t ring_tiles() const { return ring_slots * tiles_per_minibatch(); }
-  // m-tiles of a kind: schedule or token m-tiles, (per-expert kinds) every
+  // m-tiles of a kind: schedule m-tiles or token tiles, (per-expert kinds) every
   // expert's output row tiles, expert-major, or (token-reduced kinds) its
   // matrix's row tiles.
   MOK_HD int32_t kind_m_tiles(int32_t kind) const {
@@ -522,7 +580,8 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
   g.minibatch_rows = s.minibatch_rows;
   g.ring_slots = s.ring_slots;
   g.lookahead = s.lookahead;
-  g.token_m_tiles = (tokens + s.tile_m - 1) / s.tile_m;
+  g.token_tile_m = token_tile_of(s);
+  g.token_m_tiles = (tokens + g.token_tile_m - 1) / g.token_tile_m;
   for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr TaskKindSpec spec = Pass::kKinds[K];
     const int32_t n = dim_of(s, spec.n);
@@ -557,7 +616,7 @@ inline constexpr int32_t kNoTask = -1;
 struct Task {
   int32_t kind;       // the pass's kind, or kNoTask
   int32_t minibatch;  // schedule-row tasks only (-1 otherwise)
-  int32_t m_tile;     // index among the schedule's m-tiles, or among the token m-tiles
+  int32_t m_tile;     // index among the schedule's m-tiles, or among the token tiles
   int32_t n_tile;
 };
 

@@ -6,8 +6,9 @@
 // generation, is reported. So a table whose waits do not cover what its kinds
 // read fails here, whatever its ticket order -- the dataflow half of what
 // test_pass_protocol.cpp checks of the order. Run on the forward's and the
-// backward's tables, and on the backward's recompute-mode table (which has no
-// kernel yet: this is its design's check).
+// backward's tables, on the backward's recompute-mode table, and on the FP8
+// forward's (no kernel yet: this is its design's check), whose own-token
+// kinds run token tiles taller than its m-tile.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -26,6 +27,7 @@
 #include "protocol/host_sync.hpp"
 #include "protocol/pass_backward.hpp"
 #include "protocol/pass_forward.hpp"
+#include "protocol/pass_forward_fp8.hpp"
 
 namespace {
 
@@ -207,8 +209,10 @@ class DataflowModel {
       if (!tiles_.insert({t.kind, t.m_tile, t.n_tile}).second) errors_.push_back(who + " wrote its tile twice");
       return;
     }
-    for (int i = 0; i < g_.tile_m; ++i) {
-      const int64_t row = static_cast<int64_t>(t.m_tile) * g_.tile_m + i;
+    // An m-tile of schedule rows, or a token tile.
+    const int32_t height = spec.rows == Rows::kTokens ? g_.token_tile_m : g_.tile_m;
+    for (int i = 0; i < height; ++i) {
+      const int64_t row = static_cast<int64_t>(t.m_tile) * height + i;
       if (spec.rows == Rows::kTokens) {
         if (row >= tokens_) break;
         expect_complete(spec.a, row, row, who);
@@ -276,6 +280,16 @@ ForwardGeometry forward_geometry_for(int minibatch_tiles, int ring_slots, int lo
                           m_tiles * 4);
 }
 
+ForwardFp8Geometry fp8_geometry_for(int minibatch_tiles, int ring_slots, int lookahead, int tokens, int m_tiles) {
+  // The FP8 forward with an m-tile of 4 rows and token tiles of 8 (64 and 128
+  // in the kernel). I 256: two gate/up n-tiles of 128 h columns; H 512: two
+  // down n-tiles, four shared down ones (128 x 128 tiles); S 256: four shared
+  // gate/up n-tiles of 64 columns.
+  PassShape shape{4, 4 * minibatch_tiles, ring_slots, lookahead, 512, 256, 256};
+  shape.token_tile_m = 8;
+  return pass_geometry<ForwardFp8Pass>(shape, tokens, m_tiles * 4);
+}
+
 template <class P = BackwardPass>
 PassGeometry<P> backward_geometry_for(int minibatch_tiles, int lookahead, int tokens,
                                       const std::vector<int32_t>& first) {
@@ -293,6 +307,23 @@ TEST(PassDataflow, TheForwardTableReadsOnlyCompleteRows) {
         SCOPED_TRACE(testing::Message() << "slots=" << ring_slots << " lookahead=" << lookahead
                                         << " minibatch_tiles=" << minibatch_tiles);
         run_clean(forward_geometry_for(minibatch_tiles, ring_slots, lookahead, 13, 9), {}, 13, ModelOptions{});
+      }
+    }
+  }
+}
+
+// Tokens: a partial last token tile (13), whole ones (16), fewer than one (3).
+TEST(PassDataflow, TheFp8ForwardTableReadsOnlyCompleteRows) {
+  for (int ring_slots : {1, 2, 3}) {
+    for (int lookahead : {1, 2}) {
+      for (int minibatch_tiles : {1, 2}) {
+        for (int tokens : {13, 16, 3}) {
+          SCOPED_TRACE(testing::Message() << "slots=" << ring_slots << " lookahead=" << lookahead
+                                          << " minibatch_tiles=" << minibatch_tiles << " tokens=" << tokens);
+          const ForwardFp8Geometry g = fp8_geometry_for(minibatch_tiles, ring_slots, lookahead, tokens, 9);
+          ASSERT_EQ(g.token_m_tiles, (tokens + 7) / 8);
+          run_clean(g, {}, tokens, ModelOptions{});
+        }
       }
     }
   }
@@ -357,6 +388,20 @@ TEST(PassDataflow, AKindThatSkipsItsWaitsIsCaught) {
     o.slow_kind = ForwardPass::kGateUp;  // so that a down task can overtake the h it reads
     EXPECT_GT(runs_until_caught(forward_geometry_for(1, 2, 1, 13, 9), {}, 13, o), 0)
         << "forward: down tasks reading h without waiting went unnoticed";
+  }
+  {
+    o.skip_waits_of_kind = ForwardFp8Pass::kDown;
+    o.slow_kind = ForwardFp8Pass::kGateUp;
+    EXPECT_GT(runs_until_caught(fp8_geometry_for(1, 2, 1, 13, 9), {}, 13, o), 0)
+        << "FP8 forward: down tasks reading h without waiting went unnoticed";
+  }
+  {
+    // A token-tile wait: shared down tasks that skip shared_h_ready read the
+    // shared h rows of their token tile before the shared gate/up tasks wrote them.
+    o.skip_waits_of_kind = ForwardFp8Pass::kSharedDown;
+    o.slow_kind = ForwardFp8Pass::kSharedGateUp;
+    EXPECT_GT(runs_until_caught(fp8_geometry_for(1, 2, 1, 13, 9), {}, 13, o), 0)
+        << "FP8 forward: shared down tasks reading shared h without waiting went unnoticed";
   }
   {
     o.skip_waits_of_kind = BackwardPass::kWeightGrad13;

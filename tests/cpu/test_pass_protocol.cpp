@@ -1,5 +1,6 @@
 // The CPU model of a pass's flow control, driven by its table
-// (src/protocol/pass_forward.hpp): host threads stand in for the SM roles of
+// (src/protocol/pass_forward.hpp, or the FP8 forward's
+// src/protocol/pass_forward_fp8.hpp): host threads stand in for the SM roles of
 // every rank (dispatch workers, GEMM workers taking tickets, the combine),
 // with random delays, and run the very functions of src/protocol/ (the
 // ticket order, counter targets, signal/wait). A GEMM worker knows no task
@@ -32,6 +33,7 @@
 #include "protocol/host_sync.hpp"
 #include "protocol/pass_backward.hpp"
 #include "protocol/pass_forward.hpp"
+#include "protocol/pass_forward_fp8.hpp"
 
 namespace {
 
@@ -47,20 +49,23 @@ int64_t token_tag(int rank, int token) { return (static_cast<int64_t>(rank) << 3
 int64_t derived(int64_t tag, int n_tile, int kind) { return tag * 1009 + n_tile * 17 + (kind + 1) * 100003; }
 
 // The kind that writes a tensor (-1: dispatch writes it, or it is an input).
+template <class P>
 int writer_of(Tensor t) {
-  for (int k = 0; k < Pass::kNumKinds; ++k) {
-    if (Pass::kKinds[k].out == t) return k;
+  for (int k = 0; k < P::kNumKinds; ++k) {
+    if (P::kKinds[k].out == t) return k;
   }
   return -1;
 }
 
 struct ModelOptions {
   int tile_m = 4;
+  int token_tile_m = 0;  // rows of a token tile (0: tile_m)
   int minibatch_tiles = 2;
   int ring_slots = 2;
-  // n-tiles of one m-tile per kind (a layer without a shared expert has none
-  // of the token-row kinds).
-  int n_tiles[Pass::kNumKinds] = {2, 2, 2, 3};
+  // n-tiles of one m-tile per kind of the forward (and of the FP8 forward,
+  // which has its kinds); a layer without a shared expert has none of the
+  // token-row kinds.
+  int n_tiles[ForwardPass::kNumKinds] = {2, 2, 2, 3};
   int lookahead = 1;
   int dispatch_workers = 2;  // per rank; 0 starves the pass (timeout test)
   int gemm_workers = 3;      // per rank
@@ -77,15 +82,21 @@ struct ModelOptions {
 
 // One rank's tensors as tags: rows x pieces (a piece per n-tile of the kind
 // that writes the tensor).
+template <class P>
 struct RankModel {
-  PassGeometry<Pass> geometry{};
+  PassGeometry<P> geometry{};
   std::vector<uint32_t> counter_words;
-  PassCounters<Pass> counters{};
+  PassCounters<P> counters{};
   std::map<Tensor, std::vector<int64_t>> tensors;
   std::unique_ptr<std::atomic<int>[]> copies;  // per schedule row: times dispatched
 };
 
+// P: a forward table (ForwardPass, or one that derives its kinds, counters
+// and roles from it: ForwardFp8Pass).
+template <class P = ForwardPass>
 class ProtocolModel {
+  static_assert(ForwardTable<P> && P::kNumKinds == ForwardPass::kNumKinds);
+
  public:
   ProtocolModel(const mok::LayerConfig& config, const mok::synthetic::Layer& layer, const ModelOptions& options)
       : config_(config), options_(options), sync_(options.timeout) {
@@ -133,26 +144,27 @@ class ProtocolModel {
   bool has_shared() const { return config_.shared_width() > 0; }
 
   void init_rank(int r) {
-    RankModel& m = ranks_[r];
+    RankModel<P>& m = ranks_[r];
     const int T = config_.tokens_per_rank[r];
-    PassGeometry<Pass>& g = m.geometry;
+    PassGeometry<P>& g = m.geometry;
     g.padded_rows = schedule_.ranks[r].padded_rows();
     g.tile_m = options_.tile_m;
     g.minibatch_rows = options_.tile_m * options_.minibatch_tiles;
     g.ring_slots = options_.ring_slots;
     g.lookahead = options_.lookahead;
-    g.token_m_tiles = (T + options_.tile_m - 1) / options_.tile_m;
-    for (int k = 0; k < Pass::kNumKinds; ++k) {
-      const bool token_kind = Pass::kKinds[k].rows == Rows::kTokens;
+    g.token_tile_m = options_.token_tile_m > 0 ? options_.token_tile_m : options_.tile_m;
+    g.token_m_tiles = (T + g.token_tile_m - 1) / g.token_tile_m;
+    for (int k = 0; k < P::kNumKinds; ++k) {
+      const bool token_kind = P::kKinds[k].rows == Rows::kTokens;
       g.n_tiles[k] = token_kind && !has_shared() ? 0 : options_.n_tiles[k];
     }
     m.counter_words.assign(counter_words(g), 0u);
     m.counters = carve_counters(g, m.counter_words.data(), &abort_, &stall_);
     const size_t ring_rows = static_cast<size_t>(g.ring_tiles()) * options_.tile_m;
-    const size_t token_rows = static_cast<size_t>(g.token_m_tiles) * options_.tile_m;
+    const size_t token_rows = static_cast<size_t>(g.token_m_tiles) * g.token_tile_m;
     m.tensors[Tensor::kRingX].assign(ring_rows, kEmpty);
-    for (int k = 0; k < Pass::kNumKinds; ++k) {
-      const TaskKindSpec& spec = Pass::kKinds[k];
+    for (int k = 0; k < P::kNumKinds; ++k) {
+      const TaskKindSpec& spec = P::kKinds[k];
       const size_t rows = spec.out == Tensor::kHomeCombine ? static_cast<size_t>(T) * config_.top_k
                           : spec.rows == Rows::kSchedule   ? ring_rows
                                                            : token_rows;
@@ -177,8 +189,8 @@ class ProtocolModel {
 
   // Dispatch worker w of rank r: m-tiles w, w + workers, ... in order.
   void dispatch_worker(int r, int w) {
-    RankModel& m = ranks_[r];
-    const PassGeometry<Pass>& g = m.geometry;
+    RankModel<P>& m = ranks_[r];
+    const PassGeometry<P>& g = m.geometry;
     std::mt19937 rng(static_cast<unsigned>(1000 * r + w));
     for (int tile = w; tile < g.m_tiles(); tile += options_.dispatch_workers) {
       if (!options_.dispatch_ignores_ring && !wait_ring_free(sync_, m.counters, g, tile, r)) return;
@@ -194,8 +206,8 @@ class ProtocolModel {
   }
 
   void gemm_worker(int r, int w) {
-    RankModel& m = ranks_[r];
-    const PassGeometry<Pass>& g = m.geometry;
+    RankModel<P>& m = ranks_[r];
+    const PassGeometry<P>& g = m.geometry;
     std::mt19937 rng(static_cast<unsigned>(5000 + 1000 * r + w));
     // Like a device GEMM CTA (fetcher, fetch slot, task slot), a worker holds
     // later tickets while the current task waits and runs (here reserved
@@ -215,8 +227,8 @@ class ProtocolModel {
       }
       delay(rng, options_.gemm_delay_us);
       bool ok = true;
-      visit_kind<Pass>(task.kind, [&](auto K) {
-        using Spec = KindSpec<Pass, index_of<decltype(K)>>;
+      visit_kind<P>(task.kind, [&](auto K) {
+        using Spec = KindSpec<P, index_of<decltype(K)>>;
         ok = wait_inputs<Spec>(sync_, m.counters, g, task.minibatch, task.m_tile, r);
         if (!ok) return;
         run_task(r, task);
@@ -230,18 +242,20 @@ class ProtocolModel {
   // (checking each against what the schedule and the operand's writer say),
   // then write its n-tile of its output rows.
   void run_task(int r, const Task& task) {
-    RankModel& m = ranks_[r];
-    const PassGeometry<Pass>& g = m.geometry;
-    const TaskKindSpec& spec = Pass::kKinds[task.kind];
-    const int reader_pieces = writer_of(spec.a) >= 0 ? g.n_tiles[writer_of(spec.a)] : 1;
+    RankModel<P>& m = ranks_[r];
+    const PassGeometry<P>& g = m.geometry;
+    const TaskKindSpec& spec = P::kKinds[task.kind];
+    const int reader_pieces = writer_of<P>(spec.a) >= 0 ? g.n_tiles[writer_of<P>(spec.a)] : 1;
     const int out_pieces = g.n_tiles[task.kind];
-    for (int i = 0; i < g.tile_m; ++i) {
+    // An m-tile of schedule rows, or a token tile.
+    const int height = spec.rows == Rows::kSchedule ? g.tile_m : g.token_tile_m;
+    for (int i = 0; i < height; ++i) {
       int64_t tag, row;  // the row's source, and its row in the rank's tensors
       if (spec.rows == Rows::kSchedule) {
         tag = source_tag(r, static_cast<int64_t>(task.m_tile) * g.tile_m + i);
         row = ring_row_of_tile(g, task.m_tile) + i;
       } else {
-        row = static_cast<int64_t>(task.m_tile) * g.tile_m + i;
+        row = static_cast<int64_t>(task.m_tile) * g.token_tile_m + i;
         if (row >= config_.tokens_per_rank[r]) break;  // past the last token: nothing read or written
         tag = token_tag(r, static_cast<int>(row));
       }
@@ -250,7 +264,7 @@ class ProtocolModel {
         const std::vector<int64_t>& a = m.tensors[spec.a];
         for (int p = 0; p < reader_pieces; ++p) {
           const int64_t seen = a[static_cast<size_t>(row) * reader_pieces + p];
-          const int64_t expected = spec.a == Tensor::kRingX ? tag : derived(tag, p, writer_of(spec.a));
+          const int64_t expected = spec.a == Tensor::kRingX ? tag : derived(tag, p, writer_of<P>(spec.a));
           if (seen != expected) {
             fail("rank " + std::to_string(r) + " kind " + std::to_string(task.kind) + " m-tile " +
                  std::to_string(task.m_tile) + " row " + std::to_string(i) + ": operand piece " + std::to_string(p) +
@@ -277,13 +291,13 @@ class ProtocolModel {
   // The home rank's combine: waits for its shared expert and for every owner
   // to finish, then checks every (token, slot) piece.
   void combine(int r) {
-    RankModel& m = ranks_[r];
+    RankModel<P>& m = ranks_[r];
     if (!wait_shared_done(sync_, m.counters, m.geometry, r)) return;
     for (int owner = 0; owner < config_.world_size; ++owner) {
       if (!wait_down_done(sync_, m.counters, ranks_[owner].counters, ranks_[owner].geometry, r, owner)) return;
     }
     const int k = config_.top_k;
-    const int home_writer = writer_of(Tensor::kHomeCombine), shared_writer = writer_of(Tensor::kSharedOut);
+    const int home_writer = writer_of<P>(Tensor::kHomeCombine), shared_writer = writer_of<P>(Tensor::kSharedOut);
     const int home_pieces = m.geometry.n_tiles[home_writer], shared_pieces = m.geometry.n_tiles[shared_writer];
     for (int t = 0; t < config_.tokens_per_rank[r]; ++t) {
       for (int j = 0; j < k; ++j) {
@@ -309,7 +323,7 @@ class ProtocolModel {
   ModelOptions options_;
   HostSync sync_;
   mok::WorldSchedule schedule_;
-  std::vector<RankModel> ranks_;
+  std::vector<RankModel<P>> ranks_;
   uint32_t abort_ = 0;
   StallReport stall_{};
   mutable std::mutex mutex_;
@@ -317,10 +331,11 @@ class ProtocolModel {
   std::atomic<int> combines_verified_{0};
 };
 
+template <class P = ForwardPass>
 void run_and_expect_clean(const mok::LayerConfig& config, mok::synthetic::RoutingMode mode,
                           const ModelOptions& options, uint64_t seed) {
   const auto layer = mok::synthetic::make_layer(config, seed, mode);
-  ProtocolModel model(config, layer, options);
+  ProtocolModel<P> model(config, layer, options);
   model.run();
   for (const std::string& e : model.errors()) ADD_FAILURE() << e;
   ASSERT_FALSE(model.aborted()) << "stalled on " << counter_name(static_cast<CounterId>(model.stall().counter))
@@ -379,6 +394,42 @@ TEST(PassProtocol, NoSharedExpertAndSkewedRouting) {
   run_and_expect_clean(config, mok::synthetic::RoutingMode::kSkewed, options, 5);
 }
 
+// The FP8 forward's table (pass_forward_fp8.hpp): the forward's dataflow
+// over two tile heights, the rank's own tokens in token tiles twice its
+// m-tile (128 rows against 64 in the kernel; 8 against 4 here). The shared
+// expert's rows each task reads and every token the combine checks lie where
+// the token tiles the geometry counts put them.
+TEST(PassProtocol, TheFp8TableCompletesWithTokenTilesTwiceTheMTile) {
+  uint64_t seed = 100;
+  for (int world : {1, 2, 4}) {
+    for (int ring_slots : {1, 2, 3}) {
+      for (int minibatch_tiles : {1, 3}) {
+        for (int lookahead : {1, 2}) {
+          auto config = mok::make_config(mok::find_shape("small"), world, 0);
+          for (int r = 0; r < world; ++r) config.tokens_per_rank[r] = 11 + 7 * r;
+          ModelOptions options;
+          options.token_tile_m = 2 * options.tile_m;
+          options.ring_slots = ring_slots;
+          options.minibatch_tiles = minibatch_tiles;
+          options.lookahead = lookahead;
+          SCOPED_TRACE(testing::Message() << "R=" << world << " slots=" << ring_slots
+                                          << " minibatch_tiles=" << minibatch_tiles << " lookahead=" << lookahead);
+          run_and_expect_clean<ForwardFp8Pass>(config, mok::synthetic::RoutingMode::kUniform, options, seed++);
+        }
+      }
+    }
+  }
+  // Every token on the same experts, through a one-tile ring, with ranks of
+  // 0 and 1 tokens (less than a token tile) and one of exactly two tiles.
+  auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{40, 0, 1, 16});
+  ModelOptions options;
+  options.token_tile_m = 2 * options.tile_m;
+  options.ring_slots = 1;
+  options.minibatch_tiles = 1;
+  options.gemm_workers = 4;
+  run_and_expect_clean<ForwardFp8Pass>(config, mok::synthetic::RoutingMode::kSameExperts, options, 78);
+}
+
 TEST(PassProtocol, TheChecksCatchADispatchThatIgnoresTheRing) {
   // A planted bug: dispatch refills ring slots without waiting for readers.
   // With slow readers it overwrites rows before they are read; the model
@@ -393,7 +444,7 @@ TEST(PassProtocol, TheChecksCatchADispatchThatIgnoresTheRing) {
   options.dispatch_delay_us = 0;
   options.gemm_delay_us = 400;
   options.gemm_workers = 1;
-  ProtocolModel model(config, layer, options);
+  ProtocolModel<> model(config, layer, options);
   const auto start = std::chrono::steady_clock::now();
   model.run();
   EXPECT_FALSE(model.errors().empty());
@@ -407,7 +458,7 @@ TEST(PassProtocol, AStarvedWaitTimesOutWithAReport) {
   ModelOptions options;
   options.dispatch_workers = 0;  // nobody fills the ring
   options.timeout = std::chrono::milliseconds(200);
-  ProtocolModel model(config, layer, options);
+  ProtocolModel<> model(config, layer, options);
   const auto start = std::chrono::steady_clock::now();
   model.run();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -454,6 +505,75 @@ TEST(PassTable, GeometryCountsTheLayersTiles) {
   EXPECT_EQ(Pass::kKinds[Pass::kGateUp].tile.out_cols(), 128);
   EXPECT_EQ(Pass::kKinds[Pass::kDown].tile.out_cols(), 256);
 }
+
+// The FP8 forward's geometry: schedule m-tiles of 64 rows (its routed FP8
+// tiles), token tiles of 128 (its bf16 shared-expert tiles); the token tiles
+// count the tokens, and everything that counts per token tile (the shared
+// expert's tasks, shared_h_ready) follows them.
+TEST(PassTable, TheFp8GeometryCountsTokenTilesByTheTokenTile) {
+  using Fp8 = ForwardFp8Pass;
+  PassShape shape{64, 256, 2, 2, 7168, 2048, 2048};
+  shape.token_tile_m = shape_token_tile_m<Fp8>();
+  EXPECT_EQ(shape.token_tile_m, 128);
+  EXPECT_TRUE(shape_fits_tiles<Fp8>(shape));
+  const ForwardFp8Geometry g = pass_geometry<Fp8>(shape, 300, 10 * 64);
+  EXPECT_EQ(g.tile_m, 64);
+  EXPECT_EQ(g.token_tile_m, 128);
+  EXPECT_EQ(g.token_m_tiles, 3);  // 300 tokens: 128 + 128 + 44
+  EXPECT_EQ(g.m_tiles(), 10);
+  EXPECT_EQ(g.tiles_per_minibatch(), 4);
+  EXPECT_EQ(counter_length(g, Span::kTokenTile), 3);
+  // n-tiles: gate/up 128 h columns a tile (I 2048), down 256 (H 7168); the
+  // shared expert's 128 x 128 bf16 tiles: 64 shared_h columns, 128 output ones.
+  EXPECT_EQ(g.n_tiles[Fp8::kGateUp], 16);
+  EXPECT_EQ(g.n_tiles[Fp8::kDown], 28);
+  EXPECT_EQ(g.n_tiles[Fp8::kSharedGateUp], 32);
+  EXPECT_EQ(g.n_tiles[Fp8::kSharedDown], 56);
+  EXPECT_EQ(g.kind_m_tiles(Fp8::kSharedDown), 3);
+  EXPECT_EQ(prologue_task_count(g), 3 * (32 + 56));
+  EXPECT_EQ(task_count(g), 3 * (32 + 56) + 10 * (16 + 28));
+  EXPECT_EQ(max_task_count<Fp8>(shape, 300, 10 * 64 - 7), task_count(g));
+  // The last prologue ticket is the last token tile's last shared down task.
+  const Task last = decode_task(g, prologue_task_count(g) - 1);
+  EXPECT_EQ(last.kind, Fp8::kSharedDown);
+  EXPECT_EQ(last.m_tile, 2);
+  EXPECT_EQ(last.n_tile, 55);
+  // Targets per token tile: every shared gate/up n-tile of the tile; the
+  // whole pass's shared_done: every shared down task.
+  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedHReady), 32u);
+  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedDone), 3u * 56u);
+
+  // token_tile_m 0 means the m-tile: 5 token tiles of 64, which the FP8
+  // table's tiles do not run (the host must refuse the shape).
+  shape.token_tile_m = 0;
+  EXPECT_EQ(pass_geometry<Fp8>(shape, 300, 0).token_m_tiles, 5);
+  EXPECT_FALSE(shape_fits_tiles<Fp8>(shape));
+  EXPECT_FALSE(shape_fits_tiles<Fp8>(PassShape{128, 256, 2, 2, 7168, 2048, 2048}));
+  // Every bf16 table has one height: its token tile is its m-tile.
+  EXPECT_EQ(shape_token_tile_m<ForwardPass>(), 0);
+  EXPECT_EQ(shape_token_tile_m<BackwardPass>(), 0);
+  EXPECT_EQ(shape_token_tile_m<BackwardRecomputePass>(), 0);
+  const PassShape bf16{128, 2048, 4, 2, 7168, 2048, 2048};
+  EXPECT_TRUE(shape_fits_tiles<ForwardPass>(bf16));
+  EXPECT_EQ(forward_geometry(bf16, 300, 0).token_tile_m, 128);
+  EXPECT_EQ(forward_geometry(bf16, 300, 0).token_m_tiles, 3);
+}
+
+// The rule's heights: a table whose own-token kinds, or whose schedule
+// kinds, run tiles of different heights is refused (one set of m-tiles
+// counts each).
+struct MixedTokenTiles : ForwardFp8Pass {
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      ForwardFp8Pass::kKinds[kSharedGateUp], with_tile(ForwardFp8Pass::kKinds[kSharedDown], kFp8ForwardDownTile),
+      ForwardFp8Pass::kKinds[kGateUp], ForwardFp8Pass::kKinds[kDown]};
+};
+struct MixedScheduleTiles : ForwardFp8Pass {
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      ForwardFp8Pass::kKinds[kSharedGateUp], ForwardFp8Pass::kKinds[kSharedDown], ForwardFp8Pass::kKinds[kGateUp],
+      with_tile(ForwardFp8Pass::kKinds[kDown], kForwardPlainTile)};
+};
+static_assert(!pass_table_is_consistent<MixedTokenTiles>() && !pass_table_is_consistent<MixedScheduleTiles>());
+static_assert(pass_table_is_consistent<ForwardFp8Pass>() && pass_table_is_consistent<ForwardPass>());
 
 // The counters, carved in table order: every array its span's length, then
 // the ticket, the schedule's four words, the abort flag and the report.
@@ -618,6 +738,7 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
           g.minibatch_rows = 8 * minibatch_tiles;  // 3 tiles, 7 m-tiles: minibatches of 3, 3 and 1 tiles
           g.ring_slots = ring_slots;
           g.lookahead = lookahead;
+          g.token_tile_m = 8;
           g.token_m_tiles = 2;
           g.n_tiles[Pass::kSharedGateUp] = 3;
           g.n_tiles[Pass::kSharedDown] = 2;
@@ -634,6 +755,38 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
   ForwardGeometry g = forward_geometry(PassShape{8, 16, 2, 2, 512, 256, 0}, 13, 9 * 8);
   EXPECT_EQ(g.n_tiles[Pass::kSharedGateUp], 0);
   check_table_order(g);
+}
+
+// The FP8 forward's table: the same check, on geometries of schedules with
+// uneven and empty experts (each padded to the m-tile), and tokens in token
+// tiles twice the m-tile (none, less than one, a partial last one, whole ones).
+TEST(PassTable, Fp8ForwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
+  constexpr int32_t kTileM = 4;
+  for (int minibatch_tiles : {1, 2, 3}) {
+    for (int ring_slots : {1, 2, 3}) {
+      for (int lookahead : {1, 2}) {
+        for (const std::vector<int32_t>& expert_rows : {std::vector<int32_t>{5, 0, 9, 1}, std::vector<int32_t>{16},
+                                                        std::vector<int32_t>{0, 0}, std::vector<int32_t>{1, 2, 3, 4, 5}}) {
+          for (int tokens : {0, 1, 13, 16}) {
+            int32_t padded_rows = 0;
+            for (int32_t rows : expert_rows) padded_rows += (rows + kTileM - 1) / kTileM * kTileM;
+            PassShape shape{kTileM, kTileM * minibatch_tiles, ring_slots, lookahead, 512, 384, 256};
+            shape.token_tile_m = 2 * kTileM;
+            const ForwardFp8Geometry g = pass_geometry<ForwardFp8Pass>(shape, tokens, padded_rows);
+            SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " slots=" << ring_slots
+                                            << " lookahead=" << lookahead << " experts=" << expert_rows.size()
+                                            << " m_tiles=" << g.m_tiles() << " tokens=" << tokens);
+            EXPECT_EQ(g.token_m_tiles, (tokens + 2 * kTileM - 1) / (2 * kTileM));
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kGateUp], 3);        // I 384 / 128 h columns
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kDown], 2);          // H 512 / 256
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedGateUp], 4);  // S 256 / 64
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedDown], 4);    // H 512 / 128
+            check_table_order(g);
+          }
+        }
+      }
+    }
+  }
 }
 
 // The backward's table (docs/backward-design.md; the fused backward kernel

@@ -91,8 +91,9 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
           task.row0 = 0;
           task.real_rows = v.tokens;
         } else {
-          task.row0 = t.m_tile * g.tile_m;
-          task.real_rows = min(g.tile_m, v.tokens - task.row0);
+          // Own tokens: the m-tile is a token tile (token_tile_m rows).
+          task.row0 = t.m_tile * g.token_tile_m;
+          task.real_rows = min(g.token_tile_m, v.tokens - task.row0);
         }
         ok = protocol::wait_inputs<Spec>(ctx.sync, v.counters, g, t.minibatch, t.m_tile, ctx.rank, of);
       });

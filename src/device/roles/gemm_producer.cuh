@@ -51,7 +51,8 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
         GemmTile tile;
         tile.group = Spec::value.rows == protocol::Rows::kSchedule ? task.expert : 0;
         tile.row0 = task.row0;
-        tile.row_end = task.row0 + ctx.params.tile_m;
+        tile.row_end = task.row0 + (Spec::value.rows == protocol::Rows::kTokens ? protocol::token_tile_of(shape)
+                                                                                 : ctx.params.tile_m);
         tile.n0 = task.n_tile * Cfg::kOutCols;
         load_tile<Cfg>(task_maps, storage, ring, tile, protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK);
       }

@@ -87,10 +87,12 @@ struct RoleContext {
     return sizeof(protocol::PassCounters<A>) == sizeof(protocol::PassCounters<B>);
   }
 
+  // The token tile is the table's (0, the m-tile, for a table whose kinds
+  // share one tile height: every bf16 pass).
   __device__ protocol::PassShape shape() const {
     return protocol::PassShape{params.tile_m,       params.minibatch_rows, params.ring_slots,
                                params.lookahead,    params.hidden,         params.intermediate,
-                               params.shared_width, params.num_local_experts};
+                               params.shared_width, params.num_local_experts, protocol::shape_token_tile_m<Pass>()};
   }
   // The pass's geometry for `padded_rows` schedule rows (0 before the schedule
   // exists: token-row tasks and every counter index do not need it).
