@@ -2,22 +2,23 @@
 // docs/fp8-forward-design.md says why each tile is what it is). Its dataflow
 // is the bf16 forward's (pass_forward.hpp): the same kinds, counters, ticket
 // order, dispatch and combine, which it takes from ForwardPass by deriving
-// from it. Only the tiles differ:
+// from it. Only the tiles and the rings' contents differ:
 //
 //   kind            tile                            A                       out
-//   shared gate/up  128 x 128 bf16, SwiGLU          x (bf16)                shared_h (bf16)
-//   shared down     128 x 128 bf16, plain           shared_h                shared_out (bf16)
+//   shared gate/up  128 x 256 bf16, SwiGLU          x (bf16)                shared_h (bf16)
+//   shared down     128 x 256 bf16, plain           shared_h                shared_out (bf16)
 //   gate/up         64 x 256 e4m3, split N,         x ring (e4m3, scales)   h ring: 128 h columns a tile,
 //                   SwiGLU, h quantized                                     e4m3, a ue8m0 scale per row
 //   down            64 x 256 e4m3, split N, plain   h ring (e4m3, scales)   home rows (bf16)
 //
 // So its m-tile (tile_m, to which the schedule pads every expert) is 64 rows
-// and its token tile 128: its shapes carry token_tile_m =
-// shape_token_tile_m<ForwardFp8Pass>(). The shared expert stays bf16 (issue
-// 16), and its tile must fit the stage the FP8 split-N tile sets: 4 stages of
-// 8 KB A + 32 KB B and the split-N epilogue's 32 KB exchange area fit in an
-// SM's 227 KB, 4 stages of the bf16 forward's 128 x 256 tile (48 KB each)
-// with that area would not; a 128 x 128 bf16 stage (32 KB) fits in 40 KB.
+// and its token tile 128 (PassShape::token_tile_m = shape_token_tile_m<
+// ForwardFp8Pass>()). The shared expert stays bf16 (issue 16) and keeps the
+// bf16 forward's tiles: every kind's stages sit at the bf16 tile's 48 KB
+// stride (the FP8 split-N stage, 8 KB A + 32 KB B, is padded to it), and the
+// split-N epilogue hands its halves over through the consumer warps' 16 KB of
+// staging in two rounds instead of a 32 KB area of its own, so the fused
+// kernel's shared-memory layout is the bf16 forward's.
 //
 // The tensors are the bf16 forward's, in FP8 where the routed GEMMs read
 // them: kRingX holds the pulled x rows as e4m3 values plus one ue8m0 scale
@@ -26,9 +27,8 @@
 // in the same format (a tile's 128 h columns are one scale block, so each
 // gate/up task writes whole blocks and h_ready still counts its n-tiles), and
 // kW13 / kW2 are e4m3 weights with a scale per 128 x 128 block. x, the shared
-// expert's weights and everything it writes stay bf16. The tensor maps and
-// the scales beside each ring row are the kernel's, which is not built yet
-// (docs/fp8-forward-design.md, "The pass table").
+// expert's weights and everything it writes stay bf16. The scales beside the
+// ring rows and the weights are device::Fp8RankOperands.
 #pragma once
 
 #include <cstdint>
@@ -41,18 +41,15 @@ namespace mok::protocol {
 
 inline constexpr GemmTileShape kFp8ForwardGateUpTile{64, 256, EpilogueKind::kSwiGLUQuantize, ElementType::kE4M3};
 inline constexpr GemmTileShape kFp8ForwardDownTile{64, 256, EpilogueKind::kPlain, ElementType::kE4M3};
-inline constexpr GemmTileShape kFp8ForwardSharedSwiGLUTile{128, 128, EpilogueKind::kSwiGLU};
-inline constexpr GemmTileShape kFp8ForwardSharedPlainTile{128, 128, EpilogueKind::kPlain};
 
 // Bytes of one pipeline stage of a tile: its A and B boxes, one 128-byte
 // swizzle row of K per row (GemmTileShape::block_k) whatever the element.
 constexpr int32_t stage_bytes(GemmTileShape t) { return (t.block_m + t.block_n) * 128; }
 static_assert(kFp8ForwardGateUpTile.splits_n() && kFp8ForwardDownTile.splits_n(),
               "the routed kinds run the split-N FP8 tiles");
-static_assert(stage_bytes(kFp8ForwardGateUpTile) == 40 * 1024 && stage_bytes(kFp8ForwardDownTile) == 40 * 1024 &&
-                  stage_bytes(kFp8ForwardSharedSwiGLUTile) <= 40 * 1024 &&
-                  stage_bytes(kFp8ForwardSharedPlainTile) <= 40 * 1024,
-              "every kind's stage fits the FP8 split-N stage");
+static_assert(stage_bytes(kFp8ForwardGateUpTile) <= stage_bytes(kForwardSwiGLUTile) &&
+                  stage_bytes(kFp8ForwardDownTile) <= stage_bytes(kForwardSwiGLUTile),
+              "every kind's stage fits the bf16 forward's stage");
 
 // A kind of another table with another tile.
 constexpr TaskKindSpec with_tile(TaskKindSpec spec, GemmTileShape tile) {
@@ -61,9 +58,11 @@ constexpr TaskKindSpec with_tile(TaskKindSpec spec, GemmTileShape tile) {
 }
 
 struct ForwardFp8Pass : ForwardPass {
+  // Its rings hold block-scaled e4m3 rows: the dispatch quantizes what it pulls.
+  static constexpr bool kFp8Rings = true;
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      with_tile(ForwardPass::kKinds[kSharedGateUp], kFp8ForwardSharedSwiGLUTile),
-      with_tile(ForwardPass::kKinds[kSharedDown], kFp8ForwardSharedPlainTile),
+      ForwardPass::kKinds[kSharedGateUp],
+      ForwardPass::kKinds[kSharedDown],
       with_tile(ForwardPass::kKinds[kGateUp], kFp8ForwardGateUpTile),
       with_tile(ForwardPass::kKinds[kDown], kFp8ForwardDownTile),
   };

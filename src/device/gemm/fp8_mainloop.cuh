@@ -50,7 +50,11 @@ struct Fp8Scales {
 // kAScalesOfThisPass: A's scales were written during this kernel by other
 // SMs (the fused FP8 forward's rings), so they are read through L2, never
 // through the non-coherent cache (which may hold an earlier generation's).
-template <class Cfg, bool kAScalesOfThisPass = false, class OnStall = TrapOnStall>
+// kPartials: 2 (below), or 1 where the registers for a second partial sum
+// are not there (the fused forward's consumers hold more state than the
+// grouped GEMM's: with two, ptxas spilled ~7 KB per thread there). The
+// order of operations on every element is the same, so are the bits.
+template <class Cfg, bool kAScalesOfThisPass = false, int kPartials = 2, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
                                              float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
@@ -143,8 +147,19 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   // the loop reaches it; the next one is issued before kb is waited for. No
   // wgmma or wait sits in a conditional branch: ptxas serializes every wgmma
   // of a kernel whose accumulators it must guard on a divergent path.
-  float part_even[Cfg::kAccRegs], part_odd[Cfg::kAccRegs];
+  float part_even[Cfg::kAccRegs];
   const int k_blocks = scales.k_blocks;
+  if constexpr (kPartials == 1) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const StageScales sc = load_scales(kb);
+      const int stage = issue(part_even);
+      wgmma::wait_group<0>();
+      release(stage);
+      promote(part_even, kb, sc);
+    }
+    return;
+  }
+  float part_odd[Cfg::kAccRegs];
   int held = issue(part_even);
   int kb = 0;
   while (true) {

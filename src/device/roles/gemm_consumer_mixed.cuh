@@ -103,7 +103,7 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
           tile.row0 = task.row0;
           tile.row_end = task.row0 + task.real_rows;
           tile.n0 = task.n_tile * Cfg::kOutCols;
-          mma_fp8_tile<Cfg, true>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall);
+          mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall);
         } else {
           mma_tile<Cfg>(storage, ring, consumer, k / Cfg::kBlockK, acc, on_stall);
         }

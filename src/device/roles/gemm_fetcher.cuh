@@ -49,16 +49,16 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
     const TraceStamp wait_begin = trace_now();
     // An abort raised elsewhere ends the list here (one raised later is seen
     // by this task's waits).
-    bool ok = ctx.sync.load_relaxed(v.counters.abort) == 0;
-    const int64_t ticket = ok ? protocol::take_ticket(ctx.sync, v.counters) : -1;
+    bool ok = ctx.sync.load_relaxed(ctx.counters().abort) == 0;
+    const int64_t ticket = ok ? protocol::take_ticket(ctx.sync, ctx.counters()) : -1;
     if (ok && ticket >= token_tasks && !have_schedule) {
       // A pass over a schedule an earlier pass built finds it complete.
       if constexpr (!protocol::schedule_given<Pass>()) {
-        ok = protocol::wait_schedule_filled(ctx.sync, v.counters, ctx.schedule_warps(), ctx.rank);
+        ok = protocol::wait_schedule_filled(ctx.sync, ctx.counters(), ctx.schedule_warps(), ctx.rank);
       }
       if (ok) {
         g = ctx.geometry(ctx.padded_rows());
-        if constexpr (protocol::schedule_given<Pass>()) ok = protocol::require_schedule_fits(ctx.sync, v.counters, g, ctx.rank);
+        if constexpr (protocol::schedule_given<Pass>()) ok = protocol::require_schedule_fits(ctx.sync, ctx.counters(), g, ctx.rank);
         for (int e = 0; e <= ctx.params.num_local_experts; ++e) smem.expert_offset[e] = __ldcg(&v.expert_offset[e]);
         for (int e = 0; e < ctx.params.num_local_experts; ++e) smem.expert_rows[e] = __ldcg(&v.expert_rows[e]);
       }
@@ -95,7 +95,7 @@ __device__ __forceinline__ void gemm_fetcher(Ctx& ctx, FusedGemmShared& smem) {
           task.row0 = t.m_tile * g.token_tile_m;
           task.real_rows = min(g.token_tile_m, v.tokens - task.row0);
         }
-        ok = protocol::wait_inputs<Spec>(ctx.sync, v.counters, g, t.minibatch, t.m_tile, ctx.rank, of);
+        ok = protocol::wait_inputs<Spec>(ctx.sync, ctx.counters(), g, t.minibatch, t.m_tile, ctx.rank, of);
       });
       if (!ok) task.kind = protocol::kNoTask;
       if (task.kind != protocol::kNoTask) {

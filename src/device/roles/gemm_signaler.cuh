@@ -25,7 +25,7 @@ __device__ __forceinline__ void gemm_signaler(Ctx& ctx, FusedGemmShared& smem) {
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
       // (A per-expert counter names the task's expert; no target is computed here.)
       protocol::signal_outputs<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(
-          ctx.sync, v.counters, g, task.minibatch, task.m_tile, protocol::ExpertOfWork{task.expert, 0});
+          ctx.sync, ctx.counters(), g, task.minibatch, task.m_tile, protocol::ExpertOfWork{task.expert, 0});
     });
     mbarrier_arrive(&smem.done_empty[done.slot]);
     done.advance();
