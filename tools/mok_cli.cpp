@@ -3,7 +3,9 @@
 // With a Hopper GPU (and a CUDA build) it runs the fused forward megakernel on
 // synthetic data, times it and, where the CPU can afford it, checks it against
 // the CPU reference. Without one it says so and runs the CPU reference
-// (forward, optionally backward). Every phase prints its time.
+// (forward, optionally backward). Every phase prints its time. With --fp8,
+// the same for the fused FP8 forward (forward only), timed against the
+// fused bf16 forward of the same layer.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +39,7 @@
 #include "mok/bf16.hpp"
 #include "mok/device_layer.hpp"
 #include "tune/tune_gpu.hpp"
+#include "world/fp8_weights.hpp"
 #endif
 
 namespace {
@@ -54,6 +57,7 @@ struct Options {
   bool backward = false;
   bool train = false;  // also time the forward's training mode (keeps gate/up for the backward)
   bool cpu = false;  // force the CPU reference even where a GPU exists
+  bool fp8 = false;  // the layer in FP8 (LayerConfig::dtype kFP8E4M3): forward only
   int iterations = 20;
   mok::FusedForwardOptions forward;  // --minibatch-rows, --ring-slots, --comm-ctas, --lookahead
   std::string trace_file;  // non-empty: also trace one pass, summarise it, write its events here (CSV)
@@ -87,6 +91,12 @@ void print_usage() {
       "                         mode keeps per layer, and whether its gradient bits are the same),\n"
       "                         on the CPU the reference backward\n"
       "  --cpu                  run the CPU reference even where a GPU exists\n"
+      "  --fp8                  the FP8 forward (block-scaled e4m3 routed experts; forward only): on a\n"
+      "                         GPU the fused FP8 forward (routed weights quantized on the host, x by\n"
+      "                         the kernel), timed in --rounds mirrored rounds against the fused bf16\n"
+      "                         forward of the same layer and data (ratio), checked against the CPU\n"
+      "                         reference's FP8 recipe on small layers; on the CPU, that reference\n"
+      "                         forward alone\n"
       "  --iterations N         timed GPU runs (default 20)\n"
       "  --minibatch-rows N     fused forward minibatch (default %d)\n"
       "  --ring-slots N         fused forward ring slots (default %d)\n"
@@ -101,7 +111,7 @@ void print_usage() {
       "                         comm-ctas-per-rank=N (or comm-ctas=N), against\n"
       "                         the options above, alternating in one process on the same data\n"
       "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
-      "  --rounds N             alternations for --compare (default 3)\n"
+      "  --rounds N             alternations for --compare and --fp8 (default 3)\n"
       "  --train                also time the training-mode forward (it keeps each row's gate/up\n"
       "                         pre-activations for the backward) against the inference one\n"
       "  --list-presets         print the presets and exit\n",
@@ -156,6 +166,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--train") o.train = true;
     else if (arg == "--backward") o.backward = true;
     else if (arg == "--cpu") o.cpu = true;
+    else if (arg == "--fp8") o.fp8 = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
     else if (int* option = arg.rfind("--", 0) == 0 ? tuning_option(o.forward, arg.substr(2)) : nullptr) {
       *option = std::stoi(value());
@@ -185,13 +196,18 @@ double checksum(const std::vector<std::vector<double>>& per_rank) {
 
 mok::LayerConfig make_config(const Options& o) {
   const mok::LayerShape& shape = mok::find_shape(o.preset);
-  const mok::LayerConfig config = o.tokens_per_rank.empty() ? mok::make_config(shape, o.world_size, o.tokens)
-                                                            : mok::make_config(shape, o.tokens_per_rank);
+  const mok::DType dtype = o.fp8 ? mok::DType::kFP8E4M3 : mok::DType::kBF16;
+  const mok::LayerConfig config = o.tokens_per_rank.empty() ? mok::make_config(shape, o.world_size, o.tokens, dtype)
+                                                            : mok::make_config(shape, o.tokens_per_rank, dtype);
   std::printf("mok_cli: preset %s (%s)\n  %s\n", shape.name, shape.note, mok::describe(config).c_str());
   return config;
 }
 
 int run_cpu(const Options& o) {
+  if (o.fp8 && (o.backward || o.fp64)) {
+    throw mok::Error("--fp8: the CPU reference computes the FP8 recipe forward only, in fp32 (its rounding is "
+                     "fp32's): drop --backward and --fp64");
+  }
   const mok::LayerConfig config = make_config(o);
 
   auto start = std::chrono::steady_clock::now();
@@ -223,8 +239,8 @@ int run_cpu(const Options& o) {
   const double forward_s = seconds_since(start);
   const double flops = config.forward_flops();
   std::printf("[3/3] reference forward (%s, %d threads): %.3f s, %.2f GFLOP useful, %.2f GFLOP/s, checksum %.6e\n",
-              o.fp64 ? "fp64" : "fp32", o.threads, forward_s, flops * 1e-9, flops * 1e-9 / forward_s,
-              checksum(forward.out));
+              o.fp8 ? "fp8 recipe, fp32" : o.fp64 ? "fp64" : "fp32", o.threads, forward_s, flops * 1e-9,
+              flops * 1e-9 / forward_s, checksum(forward.out));
 
   if (o.backward) {
     const auto dout = mok::synthetic::random_dout(config, o.seed + 1);
@@ -267,12 +283,12 @@ void report_energy(mok::FusedForward& forward, const mok::DeviceLayer& device, d
 
 // One traced pass (after a warm-up one) with the same options: prints the
 // summary and writes every event as CSV for a timeline plot.
-void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options, const mok::DeviceLayer& device,
-                const std::string& path) {
+void trace_pass(const mok::LayerConfig& config, mok::FusedForwardOptions options,
+                const std::vector<mok::RankTensors>& tensors, const std::string& path) {
   options.trace_events = 1 << 20;
   mok::FusedForward traced(config, options);
-  traced.run(device.tensors());
-  traced.run(device.tensors());
+  traced.run(tensors);
+  traced.run(tensors);
   const std::vector<mok::TraceEvent> events = traced.trace();
   std::printf("      trace of one pass (%zu events):\n%s", events.size(),
               mok::describe(mok::summarize_trace(events)).c_str());
@@ -368,9 +384,10 @@ void time_training_forward(mok::FusedForward& forward, mok::DeviceLayer& device,
 
 // One more pass on poisoned outputs, and a hash of every output bit: two
 // builds (or option sets) that print the same hash computed the same bits.
-void print_output_bits(mok::FusedForward& forward, mok::DeviceLayer& device) {
+void print_output_bits(mok::FusedForward& forward, mok::DeviceLayer& device,
+                       const std::vector<mok::RankTensors>& tensors) {
   device.poison_outputs();
-  forward.run(device.tensors());
+  forward.run(tensors);
   forward.check();
   const std::vector<uint16_t> out = device.download_outputs();
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit
@@ -382,7 +399,127 @@ void print_output_bits(mok::FusedForward& forward, mok::DeviceLayer& device) {
               out.size());
 }
 
+// How far an FP8 output is from the CPU reference's FP8 recipe: the
+// relative L2 error, the largest difference and the share of elements off by
+// more than 0.02, both in units of the reference's RMS. The same bounds as
+// tests/gpu/test_fused_forward_fp8.cpp (which argues them): the kernel and
+// the reference quantize x and the weights to the same bytes, and only the
+// GEMMs' summation order differs, which now and then flips one h value's
+// e4m3 rounding (or a block's scale) between the GEMMs.
+bool check_fp8_against_reference(const std::vector<uint16_t>& out, const mok::ReferenceForward& ref) {
+  double ref2 = 0;
+  size_t count = 0;
+  for (const auto& rank : ref.out) {
+    for (double v : rank) ref2 += v * v;
+    count += rank.size();
+  }
+  const double rms = std::sqrt(ref2 / static_cast<double>(std::max<size_t>(count, 1)));
+  double worst = 0;
+  size_t far = 0, i = 0, unwritten = 0;
+  for (const auto& rank : ref.out) {
+    for (double want : rank) {
+      const double got = mok::bf16_bits_to_float(out.at(i++));
+      if (std::isnan(got)) {
+        ++unwritten;
+        continue;
+      }
+      const double diff = std::fabs(got - want) / rms;
+      worst = std::max(worst, diff);
+      far += diff > 0.02;
+    }
+  }
+  const double rel = mok::relative_l2_error(out, ref.out);
+  const double far_share = static_cast<double>(far) / static_cast<double>(std::max<size_t>(count, 1));
+  const bool ok = unwritten == 0 && rel < 1e-2 && worst <= 0.25 && far_share <= 0.01;
+  std::printf("[3/3] vs the CPU reference's FP8 recipe: relative L2 error %.2e, max |diff| %.3f x rms, %.4f%% of "
+              "elements beyond 0.02 x rms, %zu unwritten (%s)\n",
+              rel, worst, far_share * 100, unwritten, ok ? "ok" : "TOO LARGE");
+  return ok;
+}
+
+// mok_cli --fp8 with a GPU: the fused FP8 forward on the layer's synthetic
+// data (its routed weights quantized on the host with
+// mok::fp8::quantize_weight; x stays bf16, the kernel quantizes it), timed
+// against the fused bf16 forward of the same layer and data in mirrored
+// paired rounds (a b b a: a clock drifting within a round favours neither),
+// then checked against the CPU reference where that is affordable.
+int run_gpu_fp8(const Options& o) {
+  if (o.backward || o.train || !o.compare.empty()) {
+    throw mok::Error("--fp8 runs the fused FP8 forward only: --backward, --train and --compare are the bf16 "
+                     "forward's");
+  }
+  const mok::LayerConfig config = make_config(o);
+  auto start = std::chrono::steady_clock::now();
+  const mok::synthetic::Layer layer = mok::synthetic::make_layer(config, o.seed, routing_mode(o.routing));
+  mok::DeviceLayer device(layer);
+  const mok::world::Fp8RoutedWeights weights(layer);
+  const std::vector<mok::RankTensors> fp8_tensors = weights.apply(device.tensors());
+  mok::FusedForward forward(config, o.forward);
+  std::printf("[1/3] synthetic data (seed %llu, %s routing) on the GPU, routed weights in FP8, workspace: %.3f s\n"
+              "      %s\n",
+              static_cast<unsigned long long>(o.seed), o.routing.c_str(), seconds_since(start),
+              forward.options().describe().c_str());
+
+  // The bf16 forward of the same layer and data, with the same options where
+  // it takes them (its minibatches are of 128-row tiles, FP8's of 64).
+  mok::LayerConfig bf16_config = config;
+  bf16_config.dtype = mok::DType::kBF16;
+  std::unique_ptr<mok::FusedForward> bf16;
+  try {
+    bf16 = std::make_unique<mok::FusedForward>(bf16_config, o.forward);
+  } catch (const mok::Error& e) {
+    std::printf("      (no bf16 comparison: %s)\n", e.what());
+  }
+  std::vector<mok::FusedForward*> forwards{&forward};
+  if (bf16) forwards.push_back(bf16.get());
+  const char* labels[] = {"fp8", "bf16"};
+  const double flops = config.forward_flops();
+  const auto visits = mok::tools::paired_rounds(
+      forwards, o.rounds, /*mirrored=*/true,
+      [&](mok::FusedForward& f) { return time_forward(f, &f == &forward ? fp8_tensors : device.tensors(), o.iterations); },
+      [&](const mok::tools::Visit& v) {
+        std::printf("    round %d  %-5s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", v.round + 1,
+                    labels[v.index], v.timing.pass_ms, v.timing.back_to_back_ms, flops / v.timing.pass_ms * 1e-9);
+      });
+  std::vector<double> fp8_ms;
+  for (const mok::tools::Visit& v : visits) {
+    if (v.index == 0) fp8_ms.push_back(v.timing.pass_ms);
+  }
+  const double fp8_median = mok::tools::median(fp8_ms);
+  std::printf("[2/3] fused FP8 forward: %.3f ms (median over %d rounds of %d passes), %.1f useful TFLOP/s\n",
+              fp8_median, o.rounds, o.iterations, flops / fp8_median * 1e-9);
+  if (bf16) {
+    using mok::tools::median;
+    using mok::tools::round_ratios;
+    std::printf("      FP8 speedup over the fused bf16 forward (bf16 time / FP8 time, median of the rounds): "
+                "%.3fx alone, %.3fx back to back\n",
+                median(round_ratios(visits, 1, 0, &ForwardTiming::pass_ms)),
+                median(round_ratios(visits, 1, 0, &ForwardTiming::back_to_back_ms)));
+  }
+  print_output_bits(forward, device, fp8_tensors);
+  if (!o.trace_file.empty()) trace_pass(config, o.forward, fp8_tensors, o.trace_file);
+
+  if (flops > 2e10) {
+    std::printf("[3/3] reference check skipped: %.0f GFLOP is too much for the CPU reference "
+                "(the GPU tests check small presets)\n", flops * 1e-9);
+    return 0;
+  }
+  start = std::chrono::steady_clock::now();
+  device.poison_outputs();
+  forward.run(fp8_tensors);
+  forward.check();
+  const std::vector<uint16_t> out = device.download_outputs();
+  const auto routing = layer.routing();
+  const mok::WorldSchedule schedule = mok::build_schedule(config, routing, {128, o.threads});
+  mok::ReferenceOptions ref_options;
+  ref_options.num_threads = o.threads;
+  const bool ok = check_fp8_against_reference(out, mok::reference_forward(layer.inputs(), schedule, ref_options));
+  std::printf("      (reference: %.3f s)\n", seconds_since(start));
+  return ok ? 0 : 1;
+}
+
 int run_gpu(const Options& o) {
+  if (o.fp8) return run_gpu_fp8(o);
   const mok::LayerConfig config = make_config(o);
   auto start = std::chrono::steady_clock::now();
   const mok::synthetic::Layer layer = mok::synthetic::make_layer(config, o.seed, routing_mode(o.routing));
@@ -398,13 +535,13 @@ int run_gpu(const Options& o) {
               "host enqueue %.0f us\n",
               timing.pass_ms, o.iterations, flops / timing.pass_ms * 1e-9, timing.back_to_back_ms, timing.enqueue_us);
   report_energy(forward, device, timing.back_to_back_ms, flops);
-  print_output_bits(forward, device);
+  print_output_bits(forward, device, device.tensors());
   if (o.train) time_training_forward(forward, device, config, timing, o.iterations);
   if (o.backward && !mok::tools::run_backward(config, o.forward, layer, device, o.iterations, o.seed, o.threads, o.trace_file)) {
     return 1;
   }
   // With --backward, --trace is the backward's (written above).
-  if (!o.trace_file.empty() && !o.backward) trace_pass(config, o.forward, device, o.trace_file);
+  if (!o.trace_file.empty() && !o.backward) trace_pass(config, o.forward, device.tensors(), o.trace_file);
   if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 
   // The CPU reference costs about a second per 5 GFLOP on two cores: check

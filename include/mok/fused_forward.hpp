@@ -49,8 +49,8 @@ namespace mok {
   X(comm_ctas_per_rank)
 
 struct FusedForwardOptions {
-  int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128 (2048: 1.2-3.3% faster than 1024
-                              // on the DeepSeek-V3, GLM-4.5 and Qwen3 slices, docs/perf-notes.md f7)
+  int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128 (of 64 in an fp8 layer) (2048: 1.2-3.3%
+                              // faster than 1024 on the DeepSeek-V3, GLM-4.5 and Qwen3 slices, docs/perf-notes.md f7)
   int ring_slots = 4;         // ring (macrobatch) = ring_slots * minibatch_rows rows per rank
   int lookahead = 2;          // gate/up minibatches taken ahead of a minibatch's down tasks
                               // (capped at ring_slots; docs/protocol.md)
@@ -70,15 +70,26 @@ struct FusedForwardOptions {
 };
 
 // One rank's tensors, all in device memory, bf16 as raw 16-bit storage.
+// An fp8 layer (LayerConfig::dtype kFP8E4M3, docs/fp8-forward-design.md)
+// takes its routed experts' weights in block-scaled FP8 instead: w13 and w2
+// hold e4m3 bytes (mok::fp8::quantize_weight's `values`, same shapes) and
+// w13_scales / w2_scales their ue8m0 scales; x, out and the shared expert
+// stay bf16 (the kernel quantizes x itself, bit for bit as
+// mok::fp8::quantize_rows does).
 struct RankTensors {
   const void* x = nullptr;              // bf16 [T, H], contiguous, 16-byte aligned
   const int32_t* expert_ids = nullptr;  // [T, k] global ids
   const float* weights = nullptr;       // [T, k]
   void* out = nullptr;                  // bf16 [T, H]
-  const void* w13 = nullptr;            // bf16 [E/R, 2I, H]: this rank's experts, gate rows then up rows
-  const void* w2 = nullptr;             // bf16 [E/R, H, I]
+  const void* w13 = nullptr;            // bf16 (fp8: e4m3) [E/R, 2I, H]: this rank's experts, gate rows then up rows
+  const void* w2 = nullptr;             // bf16 (fp8: e4m3) [E/R, H, I]
   const void* shared_w13 = nullptr;     // bf16 [2S, H]; null when S = 0
   const void* shared_w2 = nullptr;      // bf16 [H, S]
+  // fp8 layers only (null otherwise), mok::fp8::quantize_weight's `scales`:
+  // one ue8m0 byte (2^(byte - 127)) per 128 x 128 block, row-major, any
+  // alignment (read a byte at a time).
+  const void* w13_scales = nullptr;     // ue8m0 [E/R, 2I / 128, H / 128]
+  const void* w2_scales = nullptr;      // ue8m0 [E/R, H / 128, I / 128]
   // Optional: where this pass keeps what a later pass of the same layer needs
   // (today its schedule, which the backward will reuse): pass_state_bytes()
   // bytes of this rank's GPU, 16-byte aligned, owned by the caller, who keeps
@@ -93,7 +104,8 @@ struct RankTensors {
   //                 gate columns then up columns; padding rows are not written
   //   shared_preact bf16 [T, 2S]: row = token (needs a shared expert)
   // Null: not kept. A pass with either runs the training instantiation of
-  // the kernel; its outputs are the same bits as without.
+  // the kernel; its outputs are the same bits as without. Not in an fp8
+  // layer (mok::Error): the FP8 forward has no training mode.
   void* preact = nullptr;
   void* shared_preact = nullptr;
   // Optional: this pass's token count of this rank, at most the layer's

@@ -1,7 +1,9 @@
-// A LayerConfig may describe every DType (validate() accepts them), but the
-// computations implement bf16 only so far. Each entry point that computes
-// (the fused forward, the CPU reference) refuses the others up front, in the
-// same words, instead of failing later or silently computing in bf16.
+// A LayerConfig may describe every DType (validate() accepts them), but not
+// every computation implements each: the fused forward and the CPU
+// reference's forward compute bf16 and fp8 (the FP8 recipe, with their own
+// shape rules), the fused backward and the reference backward bf16 only.
+// Each entry point refuses what it does not implement up front, in the same
+// words, instead of failing later or silently computing in bf16.
 #pragma once
 
 #include <string>

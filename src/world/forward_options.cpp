@@ -42,9 +42,26 @@ std::string FusedForwardOptions::describe() const {
 namespace mok::world {
 namespace {
 
+// The FP8 forward's shape rules (docs/fp8-forward-design.md): its scale
+// blocks are 128 columns of a row and 128 x 128 of a weight, and its tiles
+// never hold part of one. The shared expert stays bf16 (validate()'s rules).
+void require_fp8_shape(const LayerConfig& config) {
+  require(config.hidden % 256 == 0, "hidden", config.hidden,
+          "must be a multiple of 256 for fp8: the FP8 down GEMM's n-tiles are 256 columns (two 128 x 128 "
+          "weight scale blocks, one per consumer warpgroup) and none may be partial; x rows quantize in 1 x 128 "
+          "blocks");
+  require(config.intermediate % 128 == 0, "intermediate", config.intermediate,
+          "must be a multiple of 128 for fp8: each gate/up tile quantizes 128 h columns (one scale block), "
+          "and the down GEMM's K steps are 128 x 128 weight scale blocks");
+}
+
 // What the kernel itself cannot do, whatever the options.
 void require_kernel_limits(const LayerConfig& config, const KernelFacts& kernel) {
-  plan::require_implemented_dtype(config, "the fused forward");
+  if (config.dtype == DType::kFP8E4M3) {
+    require_fp8_shape(config);
+  } else {
+    plan::require_implemented_dtype(config, "the fused forward");
+  }
   require(config.top_k <= kernel.max_top_k, "top_k", config.top_k,
           ("the fused forward supports top_k <= " + std::to_string(kernel.max_top_k)).c_str());
   require(config.hidden <= kernel.max_hidden, "hidden", config.hidden,
@@ -69,6 +86,18 @@ void require_ring(const FusedForwardOptions& o, const KernelFacts& kernel) {
            " (the ring's rows) must be <= 2^30: the kernel counts ring rows and tiles in 32-bit arithmetic")
               .c_str());
   require(o.lookahead >= 1, "lookahead", o.lookahead, "must be >= 1");
+}
+
+// The FP8 kernel finds a ring row's scales at row x (columns / 128) in 32-bit
+// arithmetic (gemm/fp8_mainloop.cuh): the ring's scale arrays must have
+// fewer than 2^31 entries.
+void require_fp8_ring(const LayerConfig& config, const FusedForwardOptions& o) {
+  const long long ring_rows = static_cast<long long>(o.ring_slots) * o.minibatch_rows;
+  const long long widest = std::max(config.hidden, config.intermediate) / 128;
+  require(ring_rows * widest < (1ll << 31), "ring_slots", o.ring_slots,
+          ("times minibatch_rows = " + std::to_string(o.minibatch_rows) + " times max(hidden, intermediate) / 128 = " +
+           std::to_string(widest) + " must stay below 2^31 for fp8: the kernel indexes the ring's scales in 32-bit "
+           "arithmetic").c_str());
 }
 
 void require_timeouts(const FusedForwardOptions& o) {
@@ -141,6 +170,7 @@ FusedForwardOptions resolve_options(const LayerConfig& config, const FusedForwar
   require_kernel_limits(config, kernel);
   FusedForwardOptions o = options;
   require_ring(o, kernel);
+  if (config.dtype == DType::kFP8E4M3) require_fp8_ring(config, o);
   require_timeouts(o);
   require_world(config, o, gpus);
   const WorldKind kind = world_kind(o);

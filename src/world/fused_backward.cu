@@ -22,6 +22,7 @@
 #include "device/kernel/fused_backward_params.hpp"
 #include "device/roles/gemm_role.cuh"
 #include "mok/error.hpp"
+#include "plan/implemented_dtype.hpp"
 #include "protocol/counters.hpp"
 #include "world/backward_kernel.hpp"
 #include "world/backward_layout.hpp"
@@ -134,7 +135,10 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
                 "process_rank -1); the staged backward (python/mok/staged_backward.py) covers the others");
   }
   if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
-  s.kernel = world::fused_kernel_facts();
+  // The forward accepts fp8 layers; the backward computes bf16 only and
+  // says so before anything is sized by the wrong kernel's facts.
+  plan::require_implemented_dtype(config, "the fused backward");
+  s.kernel = world::fused_kernel_facts(DType::kBF16);
   s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel,
                                                                                world::query_gpus()),
                                       s.kernel);

@@ -71,11 +71,12 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     : state_(std::make_unique<State>()) {
   world::WorldState& s = state_->state;
   const world::GpuFacts gpus = world::query_gpus();
-  s.kernel = world::fused_kernel_facts();
+  s.kernel = world::fused_kernel_facts(config.dtype);
   s.options = world::resolve_options(config, options, s.kernel, gpus);
   s.config = config;
   s.kind = world::world_kind(s.options);
   s.rank_device = world::rank_devices(config, s.options, gpus);
+  world::require_kernel_tiles(config, s.options, s.kernel);
   world::require_task_bound(config, s.options, s.kernel);
 
   const int R = config.world_size;
@@ -99,7 +100,7 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   s.create_pass_events();
   for (const world::Launch& launch : s.launches) {
     world::DeviceScope on(launch.device);
-    world::allow_fused_kernel_smem(s.system_scope());
+    world::allow_fused_kernel_smem(s.system_scope(), config.dtype == DType::kFP8E4M3);
   }
 }
 
@@ -108,7 +109,7 @@ FusedForward::~FusedForward() = default;
 size_t FusedForward::pass_state_bytes() const { return state_->state.pass_state.bytes; }
 int64_t FusedForward::saved_rows() const { return world::schedule_row_capacity(state_->state.config, state_->state.kernel); }
 int64_t FusedForward::saved_rows_for(const LayerConfig& config) {
-  return world::schedule_row_capacity(config, world::fused_kernel_facts());
+  return world::schedule_row_capacity(config, world::fused_kernel_facts(config.dtype));
 }
 FusedForward::PassStateRegions FusedForward::pass_state_regions() const {
   const world::PassStateLayout& L = state_->state.pass_state;

@@ -92,6 +92,10 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       s.use_pass_state(first_rank + static_cast<int>(j), tensors[j].pass_state);
       s.params.saved[first_rank + static_cast<int>(j)] = {static_cast<uint16_t*>(tensors[j].preact),
                                                             static_cast<uint16_t*>(tensors[j].shared_preact)};
+      // The FP8 forward's weight scales (null in bf16, where check_rank_tensors refused any).
+      device::Fp8RankOperands& q = s.params.fp8[first_rank + static_cast<int>(j)];
+      q.w13_scales = static_cast<const uint8_t*>(tensors[j].w13_scales);
+      q.w2_scales = static_cast<const uint8_t*>(tensors[j].w2_scales);
       training = training || tensors[j].preact != nullptr || tensors[j].shared_preact != nullptr;
     }
     if (s.device_ordered()) {
@@ -121,7 +125,8 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       mine.first_rank = launch.first_rank;
       mine.launch_ranks = launch.ranks;
       launched = true;  // from here a failure may leave some launch enqueued
-      launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope(), training);
+      launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope(), training,
+                          s.config.dtype == DType::kFP8E4M3);
       if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(s.pass_done[i], streams[i]));
     }
     s.pass_done_recorded = !capturing;

@@ -51,6 +51,11 @@ void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) 
   require_device_pointer(t.shared_w13, rank + "shared_w13", has_shared);
   require_device_pointer(t.shared_w2, rank + "shared_w2", has_shared);
   require_device_pointer(t.pass_state, rank + "pass_state", false);
+  if (config.dtype == DType::kFP8E4M3 && (t.preact != nullptr || t.shared_preact != nullptr)) {
+    throw Error(rank + (t.preact != nullptr ? "preact" : "shared_preact") +
+                " is given, but the fp8 forward has no training mode (no fused fp8 backward reads "
+                "pre-activations): leave preact and shared_preact null");
+  }
   require_device_pointer(t.preact, rank + "preact", false);
   require_device_pointer(t.shared_preact, rank + "shared_preact", false);
   if (t.preact != nullptr && t.pass_state == nullptr) {
@@ -61,6 +66,18 @@ void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) 
   }
   if (has_tokens && (t.expert_ids == nullptr || t.weights == nullptr)) {
     throw Error(rank + "expert_ids and weights must not be null");
+  }
+  // The weights' scales: byte arrays read with plain loads (never TMA), so
+  // any alignment will do; only their presence is checked.
+  if (config.dtype == DType::kFP8E4M3) {
+    if (t.w13_scales == nullptr || t.w2_scales == nullptr) {
+      throw Error(rank + (t.w13_scales == nullptr ? "w13_scales" : "w2_scales") +
+                  " is null: an fp8 layer's w13 and w2 are e4m3 values with ue8m0 block scales "
+                  "(mok::fp8::quantize_weight's values and scales)");
+    }
+  } else if (t.w13_scales != nullptr || t.w2_scales != nullptr) {
+    throw Error(rank + (t.w13_scales != nullptr ? "w13_scales" : "w2_scales") + " is given, but the layer's dtype is " +
+                dtype_name(config.dtype) + " (weight scales belong to an fp8 layer's e4m3 weights)");
   }
 }
 

@@ -4,9 +4,12 @@
 #include <string>
 
 #include "mok/error.hpp"
+#include "mok/fp8.hpp"
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/pass_forward_fp8.hpp"
 #include "protocol/world_barrier.hpp"
+#include "world/pass_tiles.hpp"
 
 namespace mok::world {
 namespace {
@@ -34,6 +37,8 @@ size_t to_size(int64_t v) { return static_cast<size_t>(v); }
 std::vector<NamedRegion> regions(const RankLayout& L) {
   return {{"ring_x", L.ring_x},
           {"ring_h", L.ring_h},
+          {"ring_x_scales", L.ring_x_scales},
+          {"ring_h_scales", L.ring_h_scales},
           {"combine", L.combine},
           {"shared_h", L.shared_h},
           {"shared_out", L.shared_out},
@@ -53,8 +58,23 @@ Region zeroed_at_creation(const RankLayout& L) {
 
 protocol::PassShape pass_shape(const LayerConfig& config, const FusedForwardOptions& options,
                                const KernelFacts& kernel) {
-  return protocol::PassShape{kernel.tile_m, options.minibatch_rows, options.ring_slots, options.lookahead,
-                             config.hidden, config.intermediate, config.shared_width()};
+  protocol::PassShape s{kernel.tile_m, options.minibatch_rows, options.ring_slots, options.lookahead,
+                        config.hidden, config.intermediate, config.shared_width()};
+  // As the kernel's RoleContext::shape says it (shape_token_tile_m): 0, "the
+  // m-tile", unless the own-token kinds' tiles are taller (the FP8 forward's).
+  s.token_tile_m = kernel.token_tile_m != kernel.tile_m ? kernel.token_tile_m : 0;
+  return s;
+}
+
+void require_kernel_tiles(const LayerConfig& config, const FusedForwardOptions& options, const KernelFacts& kernel) {
+  const protocol::PassShape s = pass_shape(config, options, kernel);
+  const bool fits = config.dtype == DType::kFP8E4M3 ? protocol::shape_fits_tiles<protocol::ForwardFp8Pass>(s)
+                                                    : protocol::shape_fits_tiles<protocol::ForwardPass>(s);
+  if (!fits) {
+    throw Error(std::string("fused forward: kernel facts with m-tile ") + std::to_string(kernel.tile_m) +
+                " and token tile " + std::to_string(kernel.token_tile_m) + " are not the " + dtype_name(config.dtype) +
+                " forward table's tiles (take them from fused_kernel_facts(config.dtype))");
+  }
 }
 
 int64_t schedule_row_capacity(const LayerConfig& config, const KernelFacts& kernel) {
@@ -65,9 +85,13 @@ int64_t most_tasks_per_pass(const LayerConfig& config, const FusedForwardOptions
                             const KernelFacts& kernel) {
   const int most_tokens = *std::max_element(config.tokens_per_rank.begin(), config.tokens_per_rank.end());
   // The shared tasks of the rank with the most tokens, plus the routed tasks
-  // of the largest schedule any rank can have.
-  return protocol::max_task_count<protocol::ForwardPass>(pass_shape(config, options, kernel), most_tokens,
-                                                         schedule_row_capacity(config, kernel));
+  // of the largest schedule any rank can have, as the table of the layer's
+  // dtype counts them.
+  const protocol::PassShape shape = pass_shape(config, options, kernel);
+  const int64_t rows = schedule_row_capacity(config, kernel);
+  return config.dtype == DType::kFP8E4M3
+             ? protocol::max_task_count<protocol::ForwardFp8Pass>(shape, most_tokens, rows)
+             : protocol::max_task_count<protocol::ForwardPass>(shape, most_tokens, rows);
 }
 
 void require_task_bound(const LayerConfig& config, const FusedForwardOptions& options, const KernelFacts& kernel) {
@@ -101,14 +125,18 @@ RankLayout rank_layout(const LayerConfig& config, const FusedForwardOptions& o, 
   const int32_t tokens = config.tokens_per_rank[static_cast<size_t>(rank)];
   const size_t T = to_size(tokens);
   const size_t ring_rows = to_size(o.ring_slots) * to_size(o.minibatch_rows);
+  const size_t element = routed_element_bytes(config.dtype);
+  const bool quantized = config.dtype == DType::kFP8E4M3;
   RankLayout L;
   L.geometry = protocol::forward_geometry(pass_shape(config, o, kernel), tokens, 0);
   L.row_capacity = schedule_row_capacity(config, kernel);
   Carver c;
-  L.ring_x = c.take<uint16_t>(ring_rows * H);
-  L.ring_h = c.take<uint16_t>(ring_rows * I);
+  L.ring_x = c.take(ring_rows * H, element);
+  L.ring_h = c.take(ring_rows * I, element);
+  L.ring_x_scales = c.take<uint8_t>(quantized ? ring_rows * (H / fp8::kBlock) : 0);
+  L.ring_h_scales = c.take<uint8_t>(quantized ? ring_rows * (I / fp8::kBlock) : 0);
   L.combine = c.take<uint16_t>(T * k * H);
-  L.shared_h = c.take<uint16_t>(align_up(T, to_size(kernel.tile_m)) * S);
+  L.shared_h = c.take<uint16_t>(align_up(T, to_size(kernel.token_tile_m)) * S);
   L.shared_out = c.take<uint16_t>(T * H);
   L.pass_state = c.take(1, pass_state_layout(config, kernel).bytes);
   L.schedule_hist = c.take<int32_t>(to_size(o.comm_ctas_per_rank) * to_size(kernel.schedule_warps_per_cta) * El);
@@ -132,6 +160,7 @@ uint64_t layout_fingerprint(const LayerConfig& c, const FusedForwardOptions& o, 
   };
   mix(kLayoutVersion);
   mix(kernel.tile_m);
+  mix(kernel.token_tile_m);
   mix(kernel.schedule_warps_per_cta);
   mix(kernel.tensor_maps);
   mix(static_cast<int64_t>(kernel.tensor_map_bytes));
@@ -140,7 +169,7 @@ uint64_t layout_fingerprint(const LayerConfig& c, const FusedForwardOptions& o, 
   mix(c.num_experts);
   mix(c.top_k);
   mix(c.shared_width());
-  mix(static_cast<int64_t>(c.dtype));
+  mix(static_cast<int64_t>(c.dtype));  // the rings' element size and their scale regions
   mix(c.world_size);
   for (int t : c.tokens_per_rank) mix(t);
   mix(o.minibatch_rows);

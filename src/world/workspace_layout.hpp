@@ -21,7 +21,8 @@ namespace mok::world {
 // 1 KB keeps rows of every tensor aligned for any swizzle).
 inline constexpr size_t kRegionAlignment = 1024;
 // Bumped whenever the carving below changes: it enters the fingerprint.
-inline constexpr uint32_t kLayoutVersion = 2;
+// 3: the FP8 forward's rings (e4m3 bytes) and their scale regions.
+inline constexpr uint32_t kLayoutVersion = 3;
 
 inline size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -45,11 +46,16 @@ struct PassStateLayout {
 inline constexpr size_t kPassStateAlignment = 256;
 PassStateLayout pass_state_layout(const LayerConfig& config, const KernelFacts& kernel);
 
+// The routed rings hold bf16 rows, or e4m3 rows in an fp8 layer
+// (LayerConfig::dtype kFP8E4M3), each row's ue8m0 scales (one per 128
+// columns) beside them in ring_x_scales / ring_h_scales (empty in bf16).
 struct RankLayout {
-  Region ring_x;         // bf16 [ring rows, H]
-  Region ring_h;         // bf16 [ring rows, I]
+  Region ring_x;         // bf16 / e4m3 [ring rows, H]
+  Region ring_h;         // bf16 / e4m3 [ring rows, I]
+  Region ring_x_scales;  // fp8: ue8m0 [ring rows, H / 128], written by the dispatch (else empty)
+  Region ring_h_scales;  // fp8: ue8m0 [ring rows, I / 128], written by the gate/up epilogue (else empty)
   Region combine;        // bf16 [T * k, H]: y per (token, slot), written by the expert owners
-  Region shared_h;       // bf16 [T rounded up to tile_m, S]
+  Region shared_h;       // bf16 [T rounded up to token_tile_m, S]
   Region shared_out;     // bf16 [T, H]
   Region pass_state;     // the world's own pass state (PassStateLayout)
   Region schedule_hist;  // int32 [schedule warps, El]: the schedule builders' scratch
@@ -73,9 +79,14 @@ std::vector<NamedRegion> regions(const RankLayout& layout);
 // barrier words (device-ordered passes never zero them from the host again).
 Region zeroed_at_creation(const RankLayout& layout);
 
-// The pass shape every rank's geometry derives from.
+// The pass shape every rank's geometry derives from (the kernel facts of the
+// layer's dtype: fused_kernel_facts(config.dtype)).
 protocol::PassShape pass_shape(const LayerConfig& config, const FusedForwardOptions& options,
                                const KernelFacts& kernel);
+// Throws mok::Error unless that shape's tile heights are those of the table
+// the layer's dtype runs (protocol::shape_fits_tiles): the kernel computes
+// its geometry from its table, the host lays the counters out by the facts.
+void require_kernel_tiles(const LayerConfig& config, const FusedForwardOptions& options, const KernelFacts& kernel);
 // The largest schedule any rank can receive: every (token, slot) entry of the
 // world on its experts, each expert padded to tile_m. An upper bound even for
 // invalid routing (ids repeated on another rank are caught by that rank after

@@ -108,6 +108,11 @@ void WorldState::fill_view(int r) {
   v.schedule_hist = reinterpret_cast<int32_t*>(base + L.schedule_hist.offset);
   v.maps = reinterpret_cast<const CUtensorMap*>(base + L.maps.offset);
   v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + L.barrier.offset);
+  // The FP8 forward's ring scales (its rings hold e4m3 bytes through the
+  // same pointers); the weights' scales are the caller's, set per pass.
+  const bool fp8 = config.dtype == DType::kFP8E4M3;
+  params.fp8[r].ring_x_scales = fp8 ? base + L.ring_x_scales.offset : nullptr;
+  params.fp8[r].ring_h_scales = fp8 ? base + L.ring_h_scales.offset : nullptr;
   if (kind == WorldKind::kProcess) {
     v.x = reinterpret_cast<const uint16_t*>(base + L.staged_x.offset);
     v.ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);

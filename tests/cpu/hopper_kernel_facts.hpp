@@ -10,6 +10,7 @@ namespace mok::test_support {
 inline world::KernelFacts hopper_kernel_facts() {
   world::KernelFacts k;
   k.tile_m = 128;
+  k.token_tile_m = 128;
   k.schedule_warps_per_cta = 12;
   k.max_top_k = 16;
   k.max_hidden = 8192;
@@ -17,6 +18,14 @@ inline world::KernelFacts hopper_kernel_facts() {
   k.tensor_maps = 8;
   k.tensor_map_bytes = 128;
   k.tensor_map_alignment = 64;
+  return k;
+}
+
+// The FP8 forward's instantiation (fused_kernel_facts(DType::kFP8E4M3)):
+// 64-row routed tiles, the shared expert's bf16 128-row tiles, the rest shared.
+inline world::KernelFacts hopper_fp8_kernel_facts() {
+  world::KernelFacts k = hopper_kernel_facts();
+  k.tile_m = 64;
   return k;
 }
 

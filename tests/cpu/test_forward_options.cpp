@@ -1,8 +1,8 @@
 // The fused forward's option checks and defaults (src/world/forward_options.hpp),
 // with no GPU: the GPUs come in as GpuFacts. Every refusal names its field
 // and says what is allowed; the ring's size is bounded so that the kernel's
-// 32-bit row arithmetic stays exact; fp8 is refused as not implemented yet,
-// here and by the CPU reference alike.
+// 32-bit row arithmetic stays exact; an fp8 layer gets the FP8 forward's
+// shape rules (and the CPU reference's backward refuses it).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -94,11 +94,63 @@ TEST(ForwardOptions, RingSlotsAreBoundedForThe32BitRingArithmetic) {
   expect_refused(kSmall, o, {"ring_slots", "2^30"});
 }
 
-TEST(ForwardOptions, Fp8IsRefusedAsNotImplementedYet) {
-  auto fp8 = kSmall;
+// The FP8 forward: H a multiple of 256, I of 128 (whole scale blocks in
+// every tile), minibatches of 64-row tiles (its facts' tile_m), the ring's
+// scale arrays indexable in 32 bits; device-ordered passes as in bf16.
+mok::FusedForwardOptions resolve_fp8(const mok::LayerConfig& config, const mok::FusedForwardOptions& options) {
+  return mok::world::resolve_options(config, options, mok::test_support::hopper_fp8_kernel_facts(), gpus(1));
+}
+
+void expect_fp8_refused(const mok::LayerConfig& config, const mok::FusedForwardOptions& options,
+                        const std::vector<std::string>& says) {
+  try {
+    resolve_fp8(config, options);
+    ADD_FAILURE() << "accepted; expected an error saying " << says.front();
+  } catch (const mok::Error& e) {
+    for (const std::string& s : says) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+  }
+}
+
+TEST(ForwardOptions, Fp8LayersGetTheFp8ForwardsShapeRules) {
+  auto fp8 = kSmall;  // H 256, I 128, shared 128
   fp8.dtype = mok::DType::kFP8E4M3;
-  EXPECT_NO_THROW(mok::validate(fp8));  // a config may describe it
-  expect_refused(fp8, {}, {"dtype = fp8-e4m3", "not implemented yet", "fused forward"});
+  EXPECT_NO_THROW(mok::validate(fp8));
+  EXPECT_NO_THROW(resolve_fp8(fp8, {}));
+  mok::FusedForwardOptions o;
+  o.minibatch_rows = 64;  // one 64-row FP8 tile
+  o.ring_slots = 1;
+  EXPECT_NO_THROW(resolve_fp8(fp8, o));
+  o.minibatch_rows = 192;
+  EXPECT_NO_THROW(resolve_fp8(fp8, o));
+  o.minibatch_rows = 96;
+  expect_fp8_refused(fp8, o, {"minibatch_rows = 96", "multiple of 64"});
+  o = {};
+  o.device_ordered = true;
+  EXPECT_TRUE(resolve_fp8(fp8, o).device_ordered);
+
+  auto narrow = fp8;
+  narrow.hidden = 384;  // a multiple of 128, not of 256
+  expect_fp8_refused(narrow, {}, {"hidden = 384", "multiple of 256 for fp8"});
+  narrow = fp8;
+  narrow.intermediate = 192;
+  expect_fp8_refused(narrow, {}, {"intermediate = 192", "multiple of 128 for fp8"});
+  // The shared expert stays bf16: its width follows the bf16 rules (multiples of 64).
+  auto shared = fp8;
+  shared.shared_intermediate = 192;
+  EXPECT_NO_THROW(resolve_fp8(shared, {}));
+  // The same shapes in bf16 are fine.
+  narrow.dtype = mok::DType::kBF16;
+  EXPECT_NO_THROW(resolve(narrow, {}));
+
+  // The ring's scales are indexed in 32 bits: rows x max(H, I) / 128 < 2^31.
+  auto wide = fp8;
+  wide.hidden = 8192;  // 64 scale blocks a row
+  o = {};
+  o.minibatch_rows = 2048;
+  o.ring_slots = (1 << 25) / 2048 - 1;
+  EXPECT_NO_THROW(resolve_fp8(wide, o));
+  o.ring_slots += 1;
+  expect_fp8_refused(wide, o, {"ring_slots = " + std::to_string(o.ring_slots), "2^31 for fp8", "32-bit"});
 }
 
 TEST(ForwardOptions, TheCpuReferenceComputesAnFp8ForwardOnlyWhereItCan) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "mok/error.hpp"
@@ -127,6 +128,27 @@ TEST(Fp8, WeightBlocksDequantizeWithinHalfAStepAndTransposeExactly) {
   // The block holding 3.0 has its own, larger scale; its neighbours do not.
   EXPECT_EQ(decode_ue8m0(q.scales[0]), std::ldexp(1.0f, scale_exponent(3.0f)));
   EXPECT_LT(decode_ue8m0(q.scales[1]), decode_ue8m0(q.scales[0]));
+}
+
+// Blocks never span two groups: quantizing each group (expert) on its own
+// gives the bytes of quantizing all of them at once. The fused FP8 forward's
+// weight upload (src/world/fp8_weights.cu) quantizes expert by expert in
+// parallel and relies on it to match the CPU reference, which quantizes all
+// experts in one call.
+TEST(Fp8, EachGroupQuantizesAsItsOwnWeight) {
+  const int64_t G = 3, R = 256, C = 128;
+  std::vector<float> w = random_weight(G * R * C, 6);
+  w[static_cast<size_t>(R * C + 17)] = -5.0f;  // group 1 alone has a wide block
+  const QuantizedWeight all = quantize_weight(w, G, R, C);
+  std::vector<uint8_t> values, scales;
+  for (int64_t g = 0; g < G; ++g) {
+    const QuantizedWeight one =
+        quantize_weight(std::span<const float>(w.data() + g * R * C, static_cast<size_t>(R * C)), 1, R, C);
+    values.insert(values.end(), one.values.begin(), one.values.end());
+    scales.insert(scales.end(), one.scales.begin(), one.scales.end());
+  }
+  EXPECT_EQ(values, all.values);
+  EXPECT_EQ(scales, all.scales);
 }
 
 TEST(Fp8, RowsAreQuantizedInBlocksOf128) {

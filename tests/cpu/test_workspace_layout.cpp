@@ -1,7 +1,8 @@
 // The workspace layout of one rank (src/world/workspace_layout.hpp), with no
 // GPU: regions aligned, in bounds and disjoint, sized as the kernel reads
-// them; the fingerprint moves with every field that fixes the layout and
-// with nothing else; the 2^31-task bound refuses what it should.
+// them (bf16 and fp8 layers); the fingerprint moves with every field that
+// fixes the layout and with nothing else; the 2^31-task bound refuses what
+// it should.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
 #include "protocol/world_barrier.hpp"
+#include "world/pass_tiles.hpp"
 #include "world/workspace_layout.hpp"
 
 namespace {
@@ -24,6 +26,7 @@ using mok::world::KernelFacts;
 using mok::world::Region;
 
 KernelFacts hopper_kernel() { return mok::test_support::hopper_kernel_facts(); }
+KernelFacts hopper_fp8_kernel() { return mok::test_support::hopper_fp8_kernel_facts(); }
 
 mok::FusedForwardOptions ring(int minibatch_rows, int ring_slots, int comm_ctas) {
   mok::FusedForwardOptions o;
@@ -50,6 +53,20 @@ TEST(WorkspaceLayout, RegionsAreAlignedDisjointAndInsideTheAllocation) {
   }
 }
 
+TEST(WorkspaceLayout, Fp8RegionsAreAlignedDisjointAndInsideTheAllocation) {
+  for (const char* preset : {"small", "medium", "deepseek-v3"}) {
+    for (bool staged : {false, true}) {
+      SCOPED_TRACE(testing::Message() << preset << (staged ? " staged" : ""));
+      const auto config =
+          mok::make_config(mok::find_shape(preset), std::vector<int>{0, 1, 300, 4096}, mok::DType::kFP8E4M3);
+      for (int r = 0; r < config.world_size; ++r) {
+        expect_aligned_disjoint_and_inside(
+            mok::world::rank_layout(config, ring(192, 3, 4), hopper_fp8_kernel(), r, staged));
+      }
+    }
+  }
+}
+
 TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
   // small: H 256, I 128, 8 experts, top-2, one shared expert of width 128.
   const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37});
@@ -58,6 +75,8 @@ TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
   const size_t ring_rows = 512, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
   EXPECT_EQ(L.ring_x.bytes, ring_rows * H * 2);
   EXPECT_EQ(L.ring_h.bytes, ring_rows * I * 2);
+  EXPECT_EQ(L.ring_x_scales.bytes, 0u);  // fp8 only
+  EXPECT_EQ(L.ring_h_scales.bytes, 0u);
   EXPECT_EQ(L.combine.bytes, T * k * H * 2);
   EXPECT_EQ(L.shared_h.bytes, 128 * S * 2);  // tokens rounded up to one tile
   EXPECT_EQ(L.shared_out.bytes, T * H * 2);
@@ -85,6 +104,77 @@ TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
   EXPECT_EQ(unstaged.staged_x.bytes, 0u);
   EXPECT_EQ(unstaged.staged_ids.bytes, 0u);
   EXPECT_LT(unstaged.bytes, L.bytes);
+}
+
+// An fp8 layer: e4m3 rings (a byte an element) with a ue8m0 scale per 128
+// columns of each ring row, 64-row routed m-tiles (the schedule's padding,
+// the ring's tiles), the shared expert's bf16 buffers as in bf16.
+TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37}, mok::DType::kFP8E4M3);
+  const KernelFacts kernel = hopper_fp8_kernel();
+  const auto L = mok::world::rank_layout(config, ring(192, 2, 3), kernel, 0, /*staged_inputs=*/true);
+  const size_t ring_rows = 384, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
+  EXPECT_EQ(L.ring_x.bytes, ring_rows * H);
+  EXPECT_EQ(L.ring_h.bytes, ring_rows * I);
+  EXPECT_EQ(L.ring_x_scales.bytes, ring_rows * (H / 128));
+  EXPECT_EQ(L.ring_h_scales.bytes, ring_rows * (I / 128));
+  // The rest as in bf16: x is pulled and combined in bf16, the shared expert
+  // runs 128-row bf16 tiles over the rank's own tokens.
+  EXPECT_EQ(L.combine.bytes, T * k * H * 2);
+  EXPECT_EQ(L.shared_h.bytes, 128 * S * 2);
+  EXPECT_EQ(L.shared_out.bytes, T * H * 2);
+  EXPECT_EQ(L.staged_x.bytes, T * H * 2);
+  EXPECT_EQ(L.staged_ids.bytes, T * k * 4);
+  // Every entry of the world on this rank's experts, each expert padded to 64 rows.
+  EXPECT_EQ(L.row_capacity, (100 + 37) * 2 + El * 63);
+  EXPECT_EQ(L.geometry.tile_m, 64);
+  EXPECT_EQ(L.geometry.ring_tiles(), 6);
+  // The shared expert's counters count its 128-row token tiles, as the FP8 table's kernel does.
+  EXPECT_EQ(L.geometry.token_tile_m, 128);
+  EXPECT_EQ(L.geometry.token_m_tiles, 1);
+  EXPECT_EQ(mok::world::pass_shape(config, ring(192, 2, 3), kernel).token_tile_m,
+            mok::protocol::shape_token_tile_m<mok::protocol::ForwardFp8Pass>());
+  EXPECT_NO_THROW(mok::world::require_kernel_tiles(config, ring(192, 2, 3), kernel));
+  // Facts of the other table are refused, both ways.
+  EXPECT_THROW(mok::world::require_kernel_tiles(config, ring(192, 2, 3), hopper_kernel()), mok::Error);
+  auto bf16_config = config;
+  bf16_config.dtype = mok::DType::kBF16;
+  EXPECT_THROW(mok::world::require_kernel_tiles(bf16_config, ring(192, 2, 3), kernel), mok::Error);
+  EXPECT_NO_THROW(mok::world::require_kernel_tiles(bf16_config, ring(256, 2, 3), hopper_kernel()));
+  const size_t counter_bytes = mok::protocol::counter_words(L.geometry) * 4;
+  EXPECT_EQ(L.counters[0].bytes, counter_bytes);
+  EXPECT_EQ(L.counters[1].bytes, counter_bytes);
+
+  // The same layer in bf16 has no scale regions and twice the ring bytes.
+  auto bf16 = config;
+  bf16.dtype = mok::DType::kBF16;
+  const auto B = mok::world::rank_layout(bf16, ring(256, 2, 3), hopper_kernel(), 0, true);
+  EXPECT_EQ(B.ring_x_scales.bytes, 0u);
+  EXPECT_EQ(B.ring_h_scales.bytes, 0u);
+  EXPECT_EQ(B.ring_x.bytes, 512 * H * 2);
+}
+
+// The facts the FP8 instantiation takes from its table (pass_tiles.hpp):
+// 64-row routed tiles, the bf16 forward's shared tiles; its maps' boxes.
+TEST(WorkspaceLayout, TheFp8TablesTilesAreWhatTheHostLaysOut) {
+  using mok::protocol::ForwardFp8Pass;
+  using mok::protocol::ForwardPass;
+  using mok::protocol::Rows;
+  using mok::protocol::Tensor;
+  using mok::world::OperandBoxes;
+  EXPECT_EQ(mok::protocol::kinds_block_m<ForwardPass>(Rows::kSchedule), 128);
+  EXPECT_EQ(mok::protocol::kinds_block_m<ForwardPass>(Rows::kTokens), 128);
+  EXPECT_EQ(mok::protocol::kinds_block_m<ForwardFp8Pass>(Rows::kSchedule), hopper_fp8_kernel().tile_m);
+  EXPECT_EQ(mok::protocol::kinds_block_m<ForwardFp8Pass>(Rows::kTokens), hopper_fp8_kernel().token_tile_m);
+  // Ring x: {128, 64}; w13: two boxes of 128 rows (gate, up); ring h:
+  // {128, 64}; w2: {128, 256} (elements, e4m3: bytes).
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingX), (OperandBoxes{128, 64, 128}));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingH), (OperandBoxes{128, 64, 256}));
+  // The shared expert's: the bf16 forward's 128 x 256 tiles, K 64 per box.
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 128}));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kSharedH), (OperandBoxes{64, 128, 256}));
+  EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kFP8E4M3), 1u);
+  EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kBF16), 2u);
 }
 
 // A caller's pass state is carved like the world's own: aligned, disjoint,
@@ -176,6 +266,7 @@ TEST(WorkspaceLayout, FingerprintCoversEveryLayoutFieldAndNothingElse) {
   using KernelChange = std::function<void(KernelFacts&)>;
   const std::vector<std::pair<const char*, KernelChange>> kernel_changes = {
       {"tile_m", [](auto& k) { k.tile_m = 64; }},
+      {"token_tile_m", [](auto& k) { k.token_tile_m = 64; }},
       {"schedule_warps_per_cta", [](auto& k) { k.schedule_warps_per_cta = 8; }},
       {"tensor_maps", [](auto& k) { k.tensor_maps = 9; }},
       {"tensor_map_bytes", [](auto& k) { k.tensor_map_bytes = 256; }},
@@ -212,6 +303,15 @@ TEST(WorkspaceLayout, TaskBoundRefusesPassesThatCouldReach2To31Tasks) {
   const int64_t m_tiles = ((310 * 2 + 4 * 127) + 127) / 128;
   const int64_t shared = 3 * (1 + 1);  // 3 token tiles x (128/128 gate/up + 256/256 down)
   EXPECT_EQ(mok::world::most_tasks_per_pass(config, ring(256, 2, 1), kernel), shared + m_tiles * (1 + 1));
+
+  // fp8: the FP8 table's tasks, over 64-row routed m-tiles (the same n-tiles:
+  // 128 h columns per gate/up task, 256 y columns per down task).
+  auto fp8 = config;
+  fp8.dtype = mok::DType::kFP8E4M3;
+  const int64_t fp8_m_tiles = ((310 * 2 + 4 * 63) + 63) / 64;
+  const int64_t fp8_tasks = mok::world::most_tasks_per_pass(fp8, ring(256, 2, 1), hopper_fp8_kernel());
+  EXPECT_GE(fp8_tasks, fp8_m_tiles * (1 + 1));
+  EXPECT_LE(fp8_tasks, fp8_m_tiles * (1 + 1) + 2 * shared);
 }
 
 }  // namespace
