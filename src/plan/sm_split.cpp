@@ -11,7 +11,13 @@ int default_dispatch_ctas(const LayerConfig& config, int ctas_per_rank) {
   // Per token: k rows of 2H bytes copied; 6 H (I k + S) useful FLOP.
   const double bytes_per_flop = 2.0 * k / (6.0 * (static_cast<double>(config.intermediate) * k +
                                                   static_cast<double>(config.shared_width())));
-  const double dispatch_per_gemm_sm = bytes_per_flop * kGemmFlopPerCycle / kDispatchBytesPerCycle;
+  double dispatch_per_gemm_sm = bytes_per_flop * kGemmFlopPerCycle / kDispatchBytesPerCycle;
+  // FP8: the dispatch also quantizes each row it pulls (all lanes of the copy
+  // warps, bound by its arithmetic rather than its bytes: ~7 us a 7168-wide
+  // row a warp on an H200, docs/perf-notes.md q4), while the GEMMs run about
+  // twice the FLOP rate. A provisional factor until x is quantized on its
+  // home rank before the pull (docs/fp8-forward-design.md).
+  if (config.dtype == DType::kFP8E4M3) dispatch_per_gemm_sm *= 3.0;
   const double share = dispatch_per_gemm_sm / (1.0 + dispatch_per_gemm_sm);
   const int ctas = static_cast<int>(std::ceil(ctas_per_rank * share));
   return std::clamp(ctas, 1, ctas_per_rank - 1);

@@ -266,8 +266,11 @@ TEST(FusedForward, RejectsBadInputBeforeLaunch) {
   bad = small_ring(128, 1);
   bad.ctas_per_rank = 1000;
   EXPECT_THROW(mok::FusedForward(config, bad), mok::Error);
-  auto fp8 = config;
+  // An fp8 layer must have H a multiple of 256 (its down tiles' width;
+  // test_fused_forward_fp8.cpp checks the rest of its rules).
+  auto fp8 = mok::make_config(mok::find_shape("small"), 2, 16);
   fp8.dtype = mok::DType::kFP8E4M3;
+  fp8.hidden = 384;
   EXPECT_THROW(mok::FusedForward(fp8, small_ring(128, 1)), mok::Error);
   // Tickets are decoded in 32 bits: a shape whose schedule could reach 2^31
   // GEMM tasks is refused up front, for that reason, before the workspace is

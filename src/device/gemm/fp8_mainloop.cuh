@@ -150,8 +150,13 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   float part_even[Cfg::kAccRegs];
   const int k_blocks = scales.k_blocks;
   if constexpr (kPartials == 1) {
+    // The scales one stage ahead: with one partial sum, a scale load issued
+    // in the stage that promotes with it leaves its latency (L2, for scales
+    // written in this pass) between the wgmma's end and the promotion.
+    StageScales next = load_scales(0);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      const StageScales sc = load_scales(kb);
+      const StageScales sc = next;
+      if (kb + 1 < k_blocks) next = load_scales(kb + 1);
       const int stage = issue(part_even);
       wgmma::wait_group<0>();
       release(stage);

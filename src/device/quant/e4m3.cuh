@@ -55,4 +55,31 @@ __device__ __forceinline__ uint32_t quantize_block_warp(uint2 raw, uint8_t& scal
   return lo | (hi << 16);
 }
 
+// Two 1 x 128 blocks of bf16 values quantized by a warp, one per half-warp:
+// `raw` is this lane's eight consecutive values (lane l: values 8 (l % 16) ..
+// of block l / 16). Returns this lane's eight e4m3 bytes (lowest value in
+// the lowest byte) and, in `scale`, its block's ue8m0 byte. The same rule,
+// value for value, as quantize_block_warp.
+__device__ __forceinline__ uint2 quantize_half_blocks_warp(uint4 raw, uint8_t& scale) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int d = 8; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  const int32_t e = fp8_scale_exponent(amax);
+  const float inv = ue8m0_value(static_cast<uint32_t>(127 - e));  // 2^-e, exact
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[i] = pack_e4m3x2(__fmul_rn(v[2 * i], inv), __fmul_rn(v[2 * i + 1], inv));
+  scale = static_cast<uint8_t>(127 + e);
+  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+
 }  // namespace mok::device

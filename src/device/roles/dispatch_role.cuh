@@ -104,44 +104,72 @@ constexpr bool fp8_rings() {
   }
 }
 
-// The FP8 forward's copy, by the whole copy warp: each of its rows of the
-// m-tile read from the home rank's x and written to the ring as e4m3 bytes
-// and one ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host
-// quantizer and the CPU reference apply, so a row's bytes depend only on the
-// row). No shared memory: the row is read straight from the home rank (peer
-// memory in a multi-GPU world), a 1 x 128 block per warp instruction, four
-// blocks in flight. Generic stores: the caller fences them toward TMA.
+// The FP8 forward's copy, by the whole copy warp: its rows of the m-tile
+// pulled by bulk copies into its shared-memory slots (as copy_rows does,
+// kSlotsPerWarp rows in flight: a row's latency is hidden only by many bytes
+// in flight), then quantized from there by all lanes -- e4m3 bytes and one
+// ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host quantizer
+// and the CPU reference apply, so a row's bytes depend only on the row) --
+// and stored to the ring with plain stores, which the caller fences toward
+// the gate/up tasks' TMA reads.
 template <class Ctx, class Geometry>
-__device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, int copy_warp, const Geometry& g, int32_t m_tile) {
+__device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, int copy_warp, uint32_t& phases,
+                                                const Geometry& g, int32_t m_tile) {
   const auto& v = ctx.view();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t H = ctx.params.hidden;
-  const int32_t blocks = static_cast<int32_t>(H / 128);
+  const uint32_t row_bytes = static_cast<uint32_t>(H) * 2u;
   const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
   uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_x);
   uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_x_scales;
   const RowSource* tile_rows = v.rows + static_cast<int64_t>(m_tile) * g.tile_m;
-  constexpr int kInFlight = 4;
-  for (int32_t i = copy_warp; i < g.tile_m; i += kCopyWarps) {
-    const RowSource src = load_row_source(&tile_rows[i]);
-    if (is_padding(src)) continue;  // warp-uniform
-    const uint16_t* from = ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H;
-    uint8_t* const to = values + (ring_row0 + i) * H;
-    uint8_t* const to_scales = scales + (ring_row0 + i) * blocks;
-    for (int32_t b0 = 0; b0 < blocks; b0 += kInFlight) {
-      uint2 raw[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        if (b0 + j < blocks) raw[j] = __ldg(reinterpret_cast<const uint2*>(from + (b0 + j) * 128 + lane * 4));
-      }
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        if (b0 + j >= blocks) break;  // warp-uniform
-        uint8_t scale;
-        const uint32_t bytes = quantize_block_warp(raw[j], scale);
-        *reinterpret_cast<uint32_t*>(to + (b0 + j) * 128 + lane * 4) = bytes;
-        if (lane == 0) to_scales[b0 + j] = scale;
-      }
+  const int32_t tile_m = g.tile_m;
+  auto next_real_row = [&](int32_t start) {
+    for (int32_t i = start; i < tile_m; i += kCopyWarps) {
+      if (!is_padding(load_row_source(&tile_rows[i]))) return i;
+    }
+    return tile_m;
+  };
+  int issued = 0, done = 0;
+  int32_t pending_row[kSlotsPerWarp];
+  auto issue = [&](int32_t i) {
+    const int slot = issued % kSlotsPerWarp;
+    if (lane == 0) {
+      const RowSource src = load_row_source(&tile_rows[i]);
+      mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
+      bulk_load(smem.slots[copy_warp][slot], ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H,
+                row_bytes, &smem.full[copy_warp][slot]);
+    }
+    pending_row[slot] = i;
+    ++issued;
+  };
+  int32_t cursor = next_real_row(copy_warp);
+  while (cursor < tile_m && issued < kSlotsPerWarp) {
+    issue(cursor);
+    cursor = next_real_row(cursor + kCopyWarps);
+  }
+  while (done < issued) {
+    const int slot = done % kSlotsPerWarp;
+    mbarrier_wait_parity(&smem.full[copy_warp][slot], (phases >> slot) & 1u);
+    phases ^= 1u << slot;
+    const int64_t row = ring_row0 + pending_row[slot];
+    const uint32_t base = shared_address(smem.slots[copy_warp][slot]);
+    uint8_t* const to = values + row * H + lane * 8;
+    uint8_t* const to_scales = scales + row * (H / 128) + lane / 16;
+    // Two 128-column blocks a step, a half-warp each (H is a multiple of 256).
+    for (int64_t b = 0; b < H / 256; ++b) {
+      uint8_t scale;
+      const uint2 q = quantize_half_blocks_warp(ld_shared_v4(base + static_cast<uint32_t>(b) * 512u + lane * 16u), scale);
+      *reinterpret_cast<uint2*>(to + b * 256) = q;
+      if (lane % 16 == 0) to_scales[2 * b] = scale;
+    }
+    ++done;
+    // Every lane's reads of the slot precede its refill (async proxy).
+    __syncwarp();
+    if (cursor < tile_m) {
+      if (lane == 0) fence_proxy_async_shared();
+      issue(cursor);
+      cursor = next_real_row(cursor + kCopyWarps);
     }
   }
 }
@@ -200,7 +228,7 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (shared_flag < 0) return false;
     if constexpr (fp8_rings<Pass>()) {
-      copy_x_rows_fp8(ctx, warp, g, m_tile);
+      copy_x_rows_fp8(ctx, smem, warp, phases, g, m_tile);
       // Every lane stored (generic proxy); the gate/up tasks read by TMA.
       fence_proxy_async_global();
     } else {
