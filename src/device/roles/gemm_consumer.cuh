@@ -151,6 +151,39 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   }
 }
 
+// After a task's epilogue (every consumer thread): the task slot back to the
+// producer, the task to the signaler, the task's trace. Each warp orders its
+// generic stores before later async-proxy (TMA) reads on other SMs where
+// there are any, then arrives; the arrival (release, CTA scope) and the
+// signaler's wait (acquire) put these stores before the signaler's release
+// of the counters. Outputs read with plain loads (home rows, shared_out)
+// skip the (costly) proxy fence.
+template <class Ctx, class OnStall>
+__device__ __forceinline__ void hand_off_task(Ctx& ctx, FusedGemmShared& smem, int consumer, const GemmTask& task,
+                                              int task_slot, SlotCursor<kDoneSlots>& done, bool output_read_by_tma,
+                                              bool tracer, const OnStall& on_stall) {
+  const int lane = threadIdx.x % 32;
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
+  if (tracer) smem.trace_stores_end = trace_now();
+  if (output_read_by_tma) fence_proxy_async_global();
+  __syncwarp();
+  if (lane == 0) {
+    mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
+    if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
+    mbarrier_arrive(&smem.done_full[done.slot]);
+  }
+  done.advance();
+  if (tracer) {
+    const TraceStamp end = trace_now();
+    trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
+                 smem.trace_mainloop_end);
+    trace_record(ctx.params, TraceKind::kEpilogue, task.kind, ctx.rank, smem.trace_mainloop_end,
+                 smem.trace_stores_end);
+    trace_record(ctx.params, TraceKind::kHandoff, task.kind, ctx.rank, smem.trace_stores_end, end);
+  }
+}
+
 // Consumer warpgroup `consumer` (0 or 1). Returns at the end of the task list
 // (an aborted pass ends it early); a barrier stall never returns
 // (consumer_stall.cuh).
@@ -262,31 +295,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
                                                                                       task_slot, n_cols, held);
       });
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
-    if (tracer) smem.trace_stores_end = trace_now();
-    // Hand the task to the signaler. Each warp orders its generic stores
-    // before later async-proxy (TMA) reads on other SMs where there are any,
-    // then arrives; the arrival (release, CTA scope) and the signaler's wait
-    // (acquire) put these stores before the signaler's release of the
-    // counters. Outputs read with plain loads (home rows, shared_out) skip
-    // the (costly) proxy fence.
-    if (output_read_by_tma) fence_proxy_async_global();
-    __syncwarp();
-    if (lane == 0) {
-      mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-      if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-      mbarrier_arrive(&smem.done_full[done.slot]);
-    }
-    done.advance();
-    if (tracer) {
-      const TraceStamp end = trace_now();
-      trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
-                   smem.trace_mainloop_end);
-      trace_record(ctx.params, TraceKind::kEpilogue, task.kind, ctx.rank, smem.trace_mainloop_end,
-                   smem.trace_stores_end);
-      trace_record(ctx.params, TraceKind::kHandoff, task.kind, ctx.rank, smem.trace_stores_end, end);
-    }
+    hand_off_task(ctx, smem, consumer, task, task_slot, done, output_read_by_tma, tracer, on_stall);
   }
 }
 

@@ -112,25 +112,7 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
       mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
       if (!idle) store_task_output<Spec>(ctx, smem, acc, consumer, task, task_slot, n_cols, HeldStage{});
     });
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
-    if (tracer) smem.trace_stores_end = trace_now();
-    if (output_read_by_tma) fence_proxy_async_global();
-    __syncwarp();
-    if (lane == 0) {
-      mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-      if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-      mbarrier_arrive(&smem.done_full[done.slot]);
-    }
-    done.advance();
-    if (tracer) {
-      const TraceStamp end = trace_now();
-      trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
-                   smem.trace_mainloop_end);
-      trace_record(ctx.params, TraceKind::kEpilogue, task.kind, ctx.rank, smem.trace_mainloop_end,
-                   smem.trace_stores_end);
-      trace_record(ctx.params, TraceKind::kHandoff, task.kind, ctx.rank, smem.trace_stores_end, end);
-    }
+    hand_off_task(ctx, smem, consumer, task, task_slot, done, output_read_by_tma, tracer, on_stall);
   }
 }
 
