@@ -151,6 +151,22 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   }
 }
 
+// The end of the task list (every consumer thread): its slot back to the
+// producer, and the list's end to the signaler, after every earlier task.
+template <class OnStall>
+__device__ __forceinline__ void end_task_list(FusedGemmShared& smem, int consumer, const GemmTask& task,
+                                              int task_slot, const SlotCursor<kDoneSlots>& done,
+                                              const OnStall& on_stall) {
+  const int lane = threadIdx.x % 32;
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
+  if (lane == 0) {
+    mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
+    if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
+    mbarrier_arrive(&smem.done_full[done.slot]);
+  }
+}
+
 // After a task's epilogue (every consumer thread): the task slot back to the
 // producer, the task to the signaler, the task's trace. Each warp orders its
 // generic stores before later async-proxy (TMA) reads on other SMs where
@@ -217,14 +233,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
       // leave the GEMM work (and the CTA, its shared memory).
       if (held.stage >= 0 && lane == 0) bulk_wait_all();
       release_held_stage(ring, held);
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
-      // Tell the signaler the list is over (after every earlier task).
-      if (lane == 0) {
-        mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-        mbarrier_arrive(&smem.done_full[done.slot]);
-      }
+      end_task_list(smem, consumer, task, task_slot, done, on_stall);
       return;
     }
     // One thread of the CTA stamps the consumers' timeline.

@@ -47,7 +47,6 @@ template <class Ctx>
 __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& smem, int consumer) {
   using Pass = typename Ctx::Pass;
   static_assert(!protocol::has_expert_work<Pass>(), "weight-gradient kinds run gemm_consumer.cuh's loop");
-  const int lane = threadIdx.x % 32;
   const protocol::PassShape shape = ctx.shape();
   // Every kind's stages sit where the fused layout puts them (KindConfig's
   // stage stride), and its barriers after them: one ring for all.
@@ -63,13 +62,7 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
     const uint32_t task_phase = tasks.phase;
     tasks.advance();
     if (task.kind == protocol::kNoTask) {
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
-      if (lane == 0) {
-        mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-        if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-        mbarrier_arrive(&smem.done_full[done.slot]);
-      }
+      end_task_list(smem, consumer, task, task_slot, done, on_stall);
       return;
     }
     const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
