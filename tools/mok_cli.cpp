@@ -406,6 +406,32 @@ void print_output_bits(mok::FusedForward& forward, mok::DeviceLayer& device,
 // the reference quantize x and the weights to the same bytes, and only the
 // GEMMs' summation order differs, which now and then flips one h value's
 // e4m3 rounding (or a block's scale) between the GEMMs.
+// The CPU reference costs about a second per 5 GFLOP on two cores: the
+// forward is checked against it only where it can afford the layer.
+bool reference_affordable(double flops) {
+  if (flops <= 2e10) return true;
+  std::printf("[3/3] reference check skipped: %.0f GFLOP is too much for the CPU reference "
+              "(the GPU tests check small presets)\n", flops * 1e-9);
+  return false;
+}
+
+// One pass over poisoned outputs (so that an unwritten element shows), read back.
+template <class Tensors>
+std::vector<uint16_t> run_poisoned(mok::FusedForward& forward, mok::DeviceLayer& device, const Tensors& tensors) {
+  device.poison_outputs();
+  forward.run(tensors);
+  forward.check();
+  return device.download_outputs();
+}
+
+// The CPU reference's forward of the synthetic layer (its dtype's recipe).
+mok::ReferenceForward reference_of(const mok::synthetic::Layer& layer, const mok::LayerConfig& config, int threads) {
+  const mok::WorldSchedule schedule = mok::build_schedule(config, layer.routing(), {128, threads});
+  mok::ReferenceOptions options;
+  options.num_threads = threads;
+  return mok::reference_forward(layer.inputs(), schedule, options);
+}
+
 bool check_fp8_against_reference(const std::vector<uint16_t>& out, const mok::ReferenceForward& ref) {
   double ref2 = 0;
   size_t count = 0;
@@ -499,21 +525,10 @@ int run_gpu_fp8(const Options& o) {
   print_output_bits(forward, device, fp8_tensors);
   if (!o.trace_file.empty()) trace_pass(config, o.forward, fp8_tensors, o.trace_file);
 
-  if (flops > 2e10) {
-    std::printf("[3/3] reference check skipped: %.0f GFLOP is too much for the CPU reference "
-                "(the GPU tests check small presets)\n", flops * 1e-9);
-    return 0;
-  }
+  if (!reference_affordable(flops)) return 0;
   start = std::chrono::steady_clock::now();
-  device.poison_outputs();
-  forward.run(fp8_tensors);
-  forward.check();
-  const std::vector<uint16_t> out = device.download_outputs();
-  const auto routing = layer.routing();
-  const mok::WorldSchedule schedule = mok::build_schedule(config, routing, {128, o.threads});
-  mok::ReferenceOptions ref_options;
-  ref_options.num_threads = o.threads;
-  const bool ok = check_fp8_against_reference(out, mok::reference_forward(layer.inputs(), schedule, ref_options));
+  const std::vector<uint16_t> out = run_poisoned(forward, device, fp8_tensors);
+  const bool ok = check_fp8_against_reference(out, reference_of(layer, config, o.threads));
   std::printf("      (reference: %.3f s)\n", seconds_since(start));
   return ok ? 0 : 1;
 }
@@ -544,23 +559,10 @@ int run_gpu(const Options& o) {
   if (!o.trace_file.empty() && !o.backward) trace_pass(config, o.forward, device.tensors(), o.trace_file);
   if (!o.compare.empty()) compare_options(o, config, o.forward, forward, device);
 
-  // The CPU reference costs about a second per 5 GFLOP on two cores: check
-  // only what it can afford.
-  if (flops > 2e10) {
-    std::printf("[3/3] reference check skipped: %.0f GFLOP is too much for the CPU reference "
-                "(the GPU tests check small presets)\n", flops * 1e-9);
-    return 0;
-  }
+  if (!reference_affordable(flops)) return 0;
   start = std::chrono::steady_clock::now();
-  device.poison_outputs();
-  forward.run(device.tensors());
-  forward.check();
-  const std::vector<uint16_t> out = device.download_outputs();
-  const auto routing = layer.routing();
-  const mok::WorldSchedule schedule = mok::build_schedule(config, routing, {128, o.threads});
-  mok::ReferenceOptions ref_options;
-  ref_options.num_threads = o.threads;
-  const mok::ReferenceForward ref = mok::reference_forward(layer.inputs(), schedule, ref_options);
+  const std::vector<uint16_t> out = run_poisoned(forward, device, device.tensors());
+  const mok::ReferenceForward ref = reference_of(layer, config, o.threads);
   const double rel = mok::relative_l2_error(out, ref.out);
   std::printf("[3/3] vs CPU reference: relative L2 error %.2e (%s), %.3f s\n", rel, rel < 1e-2 ? "ok" : "TOO LARGE",
               seconds_since(start));
