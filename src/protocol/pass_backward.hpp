@@ -73,6 +73,20 @@ struct BackwardCommon {
       {static_cast<uint32_t>(CounterId::kSharedGradDone), Span::kWhole, false},
   };
 
+  // The g kinds (g = dout . W2, then the SwiGLU backward in the epilogue),
+  // which the two modes give different inputs to wait for: the shared
+  // expert's (token rows: [da | db] and h) and the routed one's (schedule
+  // rows: [da | db], w*h and the <g, h> parts to the home (t, j)).
+  static constexpr TaskKindSpec shared_grad_kind(CounterWait wait) {
+    return {kBackwardGradTile, Tensor::kDout,     Tensor::kSharedW2, Dim::kHidden,
+            Dim::kSharedWidth, Rows::kTokens,     Tensor::kSharedD13, {wait},
+            {{kSharedD13Ready}, {kSharedGradDone}}, Dim::kNone,       Tensor::kSharedH, Tensor::kSharedPreact};
+  }
+  static constexpr TaskKindSpec grad_kind(CounterWait wait) {
+    return {kBackwardGradTile, Tensor::kDoutRows,  Tensor::kW2,     Dim::kHidden,
+            Dim::kIntermediate, Rows::kSchedule,   Tensor::kD13Rows, {wait},
+            {{kD13Ready}, {kExpertRowsDone}},      Dim::kNone,       Tensor::kHwRows, Tensor::kPreactRows};
+  }
   // shared dx = shared d13 . shared W13
   static constexpr TaskKindSpec kSharedDxKind = {
       kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
@@ -125,15 +139,9 @@ struct BackwardPass : BackwardCommon {
   static constexpr const CounterSpec (&kCounters)[kNumCounters] = kCommonCounterSpecs;
 
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      // kSharedGrad: g = dout . shared W2, then the SwiGLU backward.
-      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {}, {{kSharedD13Ready}, {kSharedGradDone}}, Dim::kNone, Tensor::kSharedH,
-       Tensor::kSharedPreact},
+      shared_grad_kind({}),  // kSharedGrad: waits for nothing (its operands are inputs)
       kSharedDxKind,
-      // kGrad: g = dout rows . W2[e], then the SwiGLU backward (d13, w*h, <g, h> parts).
-      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
-       Tensor::kD13Rows, {{kRowsFilled, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
-       Tensor::kHwRows, Tensor::kPreactRows},
+      grad_kind({kRowsFilled, Await::kReady}),  // kGrad: its dout rows are in
       kDxKind,
       kWeightGrad13Kind,
       kWeightGrad2Kind,
@@ -197,18 +205,12 @@ struct BackwardRecomputePass : BackwardCommon {
       // kSharedRecompute: [gate | up] = x . shared W13^T, kept.
       {kBackwardRecomputeTile, Tensor::kX, Tensor::kSharedW13, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
        Tensor::kSharedPreact, {}, {{kSharedPreactReady}}},
-      // kSharedGrad
-      {kBackwardGradTile, Tensor::kDout, Tensor::kSharedW2, Dim::kHidden, Dim::kSharedWidth, Rows::kTokens,
-       Tensor::kSharedD13, {{kSharedPreactReady, Await::kReady}}, {{kSharedD13Ready}, {kSharedGradDone}}, Dim::kNone,
-       Tensor::kSharedH, Tensor::kSharedPreact},
+      shared_grad_kind({kSharedPreactReady, Await::kReady}),  // kSharedGrad: its recomputed pre-activations
       kSharedDxKind,
       // kRecompute: [gate | up] of the schedule's rows, kept by schedule row.
       {kBackwardRecomputeTile, Tensor::kXRows, Tensor::kW13, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
        Tensor::kPreactRows, {{kRowsFilled, Await::kReady}}, {{kPreactReady}}},
-      // kGrad
-      {kBackwardGradTile, Tensor::kDoutRows, Tensor::kW2, Dim::kHidden, Dim::kIntermediate, Rows::kSchedule,
-       Tensor::kD13Rows, {{kPreactReady, Await::kReady}}, {{kD13Ready}, {kExpertRowsDone}}, Dim::kNone,
-       Tensor::kHwRows, Tensor::kPreactRows},
+      grad_kind({kPreactReady, Await::kReady}),  // kGrad: its recomputed pre-activations
       kDxKind,
       kWeightGrad13Kind,
       kWeightGrad2Kind,
