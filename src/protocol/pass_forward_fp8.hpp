@@ -5,20 +5,24 @@
 // from it. Only the tiles and the rings' contents differ:
 //
 //   kind            tile                            A                       out
-//   shared gate/up  128 x 256 bf16, SwiGLU          x (bf16)                shared_h (bf16)
-//   shared down     128 x 256 bf16, plain           shared_h                shared_out (bf16)
+//   shared gate/up  128 x 128 bf16, SwiGLU          x (bf16)                shared_h (bf16)
+//   shared down     128 x 128 bf16, plain           shared_h                shared_out (bf16)
 //   gate/up         64 x 256 e4m3, split N,         x ring (e4m3, scales)   h ring: 128 h columns a tile,
 //                   SwiGLU, h quantized                                     e4m3, a ue8m0 scale per row
 //   down            64 x 256 e4m3, split N, plain   h ring (e4m3, scales)   home rows (bf16)
 //
 // So its m-tile (tile_m, to which the schedule pads every expert) is 64 rows
 // and its token tile 128 (PassShape::token_tile_m = shape_token_tile_m<
-// ForwardFp8Pass>()). The shared expert stays bf16 (issue 16) and keeps the
-// bf16 forward's tiles: every kind's stages sit at the bf16 tile's 48 KB
-// stride (the FP8 split-N stage, 8 KB A + 32 KB B, is padded to it), and the
-// split-N epilogue hands its halves over through the consumer warps' 16 KB of
-// staging in two rounds instead of a 32 KB area of its own, so the fused
-// kernel's shared-memory layout is the bf16 forward's.
+// ForwardFp8Pass>()). The shared expert stays bf16 (issue 16), in 128 x 128
+// tiles: every kind then holds 64 accumulators a consumer thread, and ptxas
+// allocates the consumers' registers without spilling (with the bf16
+// forward's 128 x 256 tiles, 128 accumulators a thread, the FP8 kinds'
+// mainloop spilled ~2 KB a thread: docs/perf-notes.md q4). Every kind's
+// stages sit at the bf16 128 x 256 tile's 48 KB stride (the FP8 split-N
+// stage, 8 KB A + 32 KB B, and the 32 KB bf16 128 x 128 one are padded to
+// it), and the split-N epilogue hands its halves over through the consumer
+// warps' 16 KB of staging in two rounds instead of a 32 KB area of its own,
+// so the fused kernel's shared-memory layout is the bf16 forward's.
 //
 // The tensors are the bf16 forward's, in FP8 where the routed GEMMs read
 // them: kRingX holds the pulled x rows as e4m3 values plus one ue8m0 scale
@@ -41,6 +45,8 @@ namespace mok::protocol {
 
 inline constexpr GemmTileShape kFp8ForwardGateUpTile{64, 256, EpilogueKind::kSwiGLUQuantize, ElementType::kE4M3};
 inline constexpr GemmTileShape kFp8ForwardDownTile{64, 256, EpilogueKind::kPlain, ElementType::kE4M3};
+inline constexpr GemmTileShape kFp8ForwardSharedSwiGLUTile{128, 128, EpilogueKind::kSwiGLU};
+inline constexpr GemmTileShape kFp8ForwardSharedPlainTile{128, 128, EpilogueKind::kPlain};
 
 // Bytes of one pipeline stage of a tile: its A and B boxes, one 128-byte
 // swizzle row of K per row (GemmTileShape::block_k) whatever the element.
@@ -61,8 +67,8 @@ struct ForwardFp8Pass : ForwardPass {
   // Its rings hold block-scaled e4m3 rows: the dispatch quantizes what it pulls.
   static constexpr bool kFp8Rings = true;
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      ForwardPass::kKinds[kSharedGateUp],
-      ForwardPass::kKinds[kSharedDown],
+      with_tile(ForwardPass::kKinds[kSharedGateUp], kFp8ForwardSharedSwiGLUTile),
+      with_tile(ForwardPass::kKinds[kSharedDown], kFp8ForwardSharedPlainTile),
       with_tile(ForwardPass::kKinds[kGateUp], kFp8ForwardGateUpTile),
       with_tile(ForwardPass::kKinds[kDown], kFp8ForwardDownTile),
   };

@@ -47,10 +47,11 @@ static_assert(tile_reading<Fp8Pass>(protocol::Tensor::kRingX).element == Element
 static_assert(kFp8GateUp.k * element_bytes(ElementType::kE4M3) == 128 && kFp8Down.k == kFp8GateUp.k &&
                   kFp8GateUp.rows_a == kFp8Down.rows_a,
               "one 128-byte swizzle row of K per box, one A box for both routed kinds");
-static_assert(boxes_reading<Fp8Pass>(protocol::Tensor::kX) == boxes_reading<Pass>(protocol::Tensor::kX) &&
-                  boxes_reading<Fp8Pass>(protocol::Tensor::kSharedH) == boxes_reading<Pass>(protocol::Tensor::kSharedH) &&
-                  tile_reading<Fp8Pass>(protocol::Tensor::kX).element == ElementType::kBF16,
-              "the FP8 forward's shared expert is the bf16 forward's");
+static_assert(tile_reading<Fp8Pass>(protocol::Tensor::kX).element == ElementType::kBF16 &&
+                  tile_reading<Fp8Pass>(protocol::Tensor::kSharedH).element == ElementType::kBF16 &&
+                  boxes_reading<Fp8Pass>(protocol::Tensor::kX).k == kBoxK &&
+                  boxes_reading<Fp8Pass>(protocol::Tensor::kSharedH).k == kBoxK,
+              "the FP8 forward's shared expert is bf16 (in its own tiles: its boxes come from its table)");
 
 CUtensorMap encode(const char* what, CUtensorMapDataType type, const void* base, int rank,
                    std::array<cuuint64_t, 4> dims, std::array<cuuint64_t, 3> strides, std::array<cuuint32_t, 4> box) {
@@ -107,12 +108,21 @@ RankTensorMaps encode_tensor_maps(const LayerConfig& c, const FusedForwardOption
     maps[device::kMapRingH] = encode("ring h", v.ring_h, 2, {I, ring_rows, 1, 1}, {i2, 0, 0}, box_a);
     maps[device::kMapW2] = encode("w2", t.w2, 3, {I, H, El, 1}, {i2, i2 * H, 0}, box_down);
   }
-  if (T > 0) maps[device::kMapX] = encode("x", t.x, 2, {H, T, 1, 1}, {h2, 0, 0}, box_a);
+  // The shared expert's boxes: its kinds' tiles in the layer's table.
+  const bool fp8 = c.dtype == DType::kFP8E4M3;
+  const OperandBoxes shared_gate_up =
+      fp8 ? boxes_reading<Fp8Pass>(protocol::Tensor::kX) : boxes_reading<Pass>(protocol::Tensor::kX);
+  const OperandBoxes shared_down =
+      fp8 ? boxes_reading<Fp8Pass>(protocol::Tensor::kSharedH) : boxes_reading<Pass>(protocol::Tensor::kSharedH);
+  auto box = [](cuuint32_t k, int32_t rows) { return std::array<cuuint32_t, 4>{k, static_cast<cuuint32_t>(rows), 1, 1}; };
+  if (T > 0) maps[device::kMapX] = encode("x", t.x, 2, {H, T, 1, 1}, {h2, 0, 0}, box(kBoxK, shared_gate_up.rows_a));
   if (S > 0 && T > 0) {
     maps[device::kMapSharedW13] = encode("shared w13", t.shared_w13, 4, {H, S, 2, 1}, {h2, h2 * S, 2 * h2 * S},
-                                         box_gate_up);
-    maps[device::kMapSharedH] = encode("shared h", v.shared_h, 2, {S, T_pad, 1, 1}, {s2, 0, 0}, box_a);
-    maps[device::kMapSharedW2] = encode("shared w2", t.shared_w2, 3, {S, H, 1, 1}, {s2, s2 * H, 0}, box_down);
+                                         box(kBoxK, shared_gate_up.rows_b));
+    maps[device::kMapSharedH] = encode("shared h", v.shared_h, 2, {S, T_pad, 1, 1}, {s2, 0, 0},
+                                       box(kBoxK, shared_down.rows_a));
+    maps[device::kMapSharedW2] = encode("shared w2", t.shared_w2, 3, {S, H, 1, 1}, {s2, s2 * H, 0},
+                                        box(kBoxK, shared_down.rows_b));
   }
   return maps;
 }

@@ -524,25 +524,24 @@ TEST(PassTable, TheFp8GeometryCountsTokenTilesByTheTokenTile) {
   EXPECT_EQ(g.tiles_per_minibatch(), 4);
   EXPECT_EQ(counter_length(g, Span::kTokenTile), 3);
   // n-tiles: gate/up 128 h columns a tile (I 2048), down 256 (H 7168); the
-  // shared expert's 128 x 256 bf16 tiles (the bf16 forward's): 128 shared_h
-  // columns, 256 output ones.
+  // shared expert's 128 x 128 bf16 tiles: 64 shared_h columns, 128 output ones.
   EXPECT_EQ(g.n_tiles[Fp8::kGateUp], 16);
   EXPECT_EQ(g.n_tiles[Fp8::kDown], 28);
-  EXPECT_EQ(g.n_tiles[Fp8::kSharedGateUp], 16);
-  EXPECT_EQ(g.n_tiles[Fp8::kSharedDown], 28);
+  EXPECT_EQ(g.n_tiles[Fp8::kSharedGateUp], 32);
+  EXPECT_EQ(g.n_tiles[Fp8::kSharedDown], 56);
   EXPECT_EQ(g.kind_m_tiles(Fp8::kSharedDown), 3);
-  EXPECT_EQ(prologue_task_count(g), 3 * (16 + 28));
-  EXPECT_EQ(task_count(g), 3 * (16 + 28) + 10 * (16 + 28));
+  EXPECT_EQ(prologue_task_count(g), 3 * (32 + 56));
+  EXPECT_EQ(task_count(g), 3 * (32 + 56) + 10 * (16 + 28));
   EXPECT_EQ(max_task_count<Fp8>(shape, 300, 10 * 64 - 7), task_count(g));
   // The last prologue ticket is the last token tile's last shared down task.
   const Task last = decode_task(g, prologue_task_count(g) - 1);
   EXPECT_EQ(last.kind, Fp8::kSharedDown);
   EXPECT_EQ(last.m_tile, 2);
-  EXPECT_EQ(last.n_tile, 27);
+  EXPECT_EQ(last.n_tile, 55);
   // Targets per token tile: every shared gate/up n-tile of the tile; the
   // whole pass's shared_done: every shared down task.
-  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedHReady), 16u);
-  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedDone), 3u * 28u);
+  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedHReady), 32u);
+  EXPECT_EQ(signals_per_generation(g, Fp8::kSharedDone), 3u * 56u);
 
   // token_tile_m 0 means the m-tile: 5 token tiles of 64, which the FP8
   // table's tiles do not run (the host must refuse the shape).
@@ -780,8 +779,8 @@ TEST(PassTable, Fp8ForwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
             EXPECT_EQ(g.token_m_tiles, (tokens + 2 * kTileM - 1) / (2 * kTileM));
             EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kGateUp], 3);        // I 384 / 128 h columns
             EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kDown], 2);          // H 512 / 256
-            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedGateUp], 2);  // S 256 / 128
-            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedDown], 2);    // H 512 / 256
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedGateUp], 4);  // S 256 / 64
+            EXPECT_EQ(g.n_tiles[ForwardFp8Pass::kSharedDown], 4);    // H 512 / 128
             check_table_order(g);
           }
         }

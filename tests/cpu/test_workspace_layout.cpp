@@ -170,9 +170,10 @@ TEST(WorkspaceLayout, TheFp8TablesTilesAreWhatTheHostLaysOut) {
   // {128, 64}; w2: {128, 256} (elements, e4m3: bytes).
   EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingX), (OperandBoxes{128, 64, 128}));
   EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingH), (OperandBoxes{128, 64, 256}));
-  // The shared expert's: the bf16 forward's 128 x 256 tiles, K 64 per box.
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 128}));
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kSharedH), (OperandBoxes{64, 128, 256}));
+  // The shared expert's: bf16 128 x 128 tiles, K 64 per box (gate/up: two
+  // boxes of 64 weight rows).
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 64}));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kSharedH), (OperandBoxes{64, 128, 128}));
   EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kFP8E4M3), 1u);
   EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kBF16), 2u);
 }
