@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"
@@ -104,17 +105,29 @@ constexpr bool fp8_rings() {
   }
 }
 
-// The FP8 forward's copy, by the whole copy warp: its rows of the m-tile
-// pulled by bulk copies into its shared-memory slots (as copy_rows does,
+// Warps that quantize a copy warp's rows in the FP8 forward: the copy warp
+// and two helpers (warps copy_warp + kCopyWarps, + 2 kCopyWarps of the
+// dispatch CTA, which otherwise wait idle for the combine). Quantizing is
+// what bounds the FP8 dispatch, not the bytes (docs/perf-notes.md q5).
+inline constexpr int kFp8QuantizeParts = 3;
+static_assert(kCopyWarps * kFp8QuantizeParts <= kScheduleWarpsPerCta, "the helpers are warps of the dispatch CTA");
+
+// The FP8 forward's copy, by the copy warp and its helpers (`part` 0 is the
+// copy warp, 1.. its helpers): the copy warp's rows of the m-tile pulled by
+// bulk copies into its shared-memory slots (as copy_rows does,
 // kSlotsPerWarp rows in flight: a row's latency is hidden only by many bytes
-// in flight), then quantized from there by all lanes -- e4m3 bytes and one
-// ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host quantizer
-// and the CPU reference apply, so a row's bytes depend only on the row) --
-// and stored to the ring with plain stores, which the caller fences toward
-// the gate/up tasks' TMA reads.
+// in flight), then quantized from there by all lanes of the kFp8QuantizeParts
+// warps, each a contiguous share of the row's 256-column steps -- e4m3 bytes
+// and one ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host
+// quantizer and the CPU reference apply, so a row's bytes depend only on the
+// row) -- and stored to the ring with plain stores, which the caller fences
+// toward the gate/up tasks' TMA reads. Every part walks the same rows and
+// slots (the same schedule reads), so their slot phases agree; a slot is
+// refilled once every part is through it (named barrier kBarrierDispatchRows
+// + copy_warp).
 template <class Ctx, class Geometry>
-__device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, int copy_warp, uint32_t& phases,
-                                                const Geometry& g, int32_t m_tile) {
+__device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, int copy_warp, int part,
+                                                uint32_t& phases, const Geometry& g, int32_t m_tile) {
   const auto& v = ctx.view();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t H = ctx.params.hidden;
@@ -134,7 +147,7 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
   int32_t pending_row[kSlotsPerWarp];
   auto issue = [&](int32_t i) {
     const int slot = issued % kSlotsPerWarp;
-    if (lane == 0) {
+    if (part == 0 && lane == 0) {
       const RowSource src = load_row_source(&tile_rows[i]);
       mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
       bulk_load(smem.slots[copy_warp][slot], ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H,
@@ -156,18 +169,35 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
     const uint32_t base = shared_address(smem.slots[copy_warp][slot]);
     uint8_t* const to = values + row * H + lane * 8;
     uint8_t* const to_scales = scales + row * (H / 128) + lane / 16;
-    // Two 128-column blocks a step, a half-warp each (H is a multiple of 256).
-    for (int64_t b = 0; b < H / 256; ++b) {
-      uint8_t scale;
-      const uint2 q = quantize_half_blocks_warp(ld_shared_v4(base + static_cast<uint32_t>(b) * 512u + lane * 16u), scale);
-      *reinterpret_cast<uint2*>(to + b * 256) = q;
-      if (lane % 16 == 0) to_scales[2 * b] = scale;
-    }
+    // Two 128-column blocks a step, a half-warp each (H is a multiple of
+    // 256), kSteps steps at once: a step is a chain of dependent latencies
+    // (shared load, a 4-deep shuffle reduction, conversions, a store) and
+    // one at a time left the dispatch latency-bound (the whole pass long,
+    // never waiting for a slot: docs/perf-notes.md q5).
+    constexpr int kSteps = 4;
+    const int64_t steps = H / 256;
+    const int64_t first = steps * part / kFp8QuantizeParts, last = steps * (part + 1) / kFp8QuantizeParts;
+    auto quantize_steps = [&](int64_t b0, auto count) {
+      constexpr int kCount = decltype(count)::value;
+      uint4 raw[kCount];
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) raw[i] = ld_shared_v4(base + static_cast<uint32_t>(b0 + i) * 512u + lane * 16u);
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) {
+        uint8_t scale;
+        const uint2 q = quantize_half_blocks_warp(raw[i], scale);
+        *reinterpret_cast<uint2*>(to + (b0 + i) * 256) = q;
+        if (lane % 16 == 0) to_scales[2 * (b0 + i)] = scale;
+      }
+    };
+    int64_t b = first;
+    for (; b + kSteps <= last; b += kSteps) quantize_steps(b, std::integral_constant<int, kSteps>{});
+    for (; b < last; ++b) quantize_steps(b, std::integral_constant<int, 1>{});
     ++done;
-    // Every lane's reads of the slot precede its refill (async proxy).
-    __syncwarp();
     if (cursor < tile_m) {
-      if (lane == 0) fence_proxy_async_shared();
+      // Every part's reads of the slot precede its refill (async proxy).
+      named_barrier_sync(kBarrierDispatchRows + copy_warp, kFp8QuantizeParts * 32);
+      if (part == 0 && lane == 0) fence_proxy_async_shared();
       issue(cursor);
       cursor = next_real_row(cursor + kCopyWarps);
     }
@@ -191,21 +221,24 @@ __device__ __forceinline__ void copy_x_rows(Ctx& ctx, DispatchShared& smem, int 
 // All threads of a dispatch CTA; `cta` = its index among the rank's dispatch CTAs.
 template <class Ctx>
 __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta) {
+  using Pass = typename Ctx::Pass;
+  // The copy warps, and in the FP8 forward their quantizing helpers; the
+  // other warps go straight to the combine.
+  constexpr int kWarps = fp8_rings<Pass>() ? kCopyWarps * kFp8QuantizeParts : kCopyWarps;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (warp >= kCopyWarps) return true;  // the other warps go straight to the combine
-  if (lane == 0) begin_copy_warp(smem, warp);
+  if (warp >= kWarps) return true;
+  if (lane == 0 && warp < kCopyWarps) begin_copy_warp(smem, warp);
   bool ok = true;
   if (threadIdx.x == 0) {
     ok = protocol::wait_schedule_filled(ctx.sync, ctx.counters(), ctx.schedule_warps(), ctx.rank);
   }
   __shared__ int32_t shared_padded, shared_flag;
   if (threadIdx.x == 0) shared_padded = ok ? ctx.padded_rows() : -1;
-  named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
+  named_barrier_sync(kBarrierDispatch, kWarps * 32);
   const int32_t padded = shared_padded;
   if (padded < 0) return false;
   const auto g = ctx.geometry(padded);
-  using Pass = typename Ctx::Pass;
 
   uint32_t phases = 0;
   const int ctas = ctx.params.comm_ctas_per_rank;
@@ -225,16 +258,16 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
       // Earlier TMA reads of this slot (async proxy) are ordered before our writes.
       fence_proxy_async_global();
     }
-    named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
+    named_barrier_sync(kBarrierDispatch, kWarps * 32);
     if (shared_flag < 0) return false;
     if constexpr (fp8_rings<Pass>()) {
-      copy_x_rows_fp8(ctx, smem, warp, phases, g, m_tile);
+      copy_x_rows_fp8(ctx, smem, warp % kCopyWarps, warp / kCopyWarps, phases, g, m_tile);
       // Every lane stored (generic proxy); the gate/up tasks read by TMA.
       fence_proxy_async_global();
     } else {
       if (lane == 0) copy_x_rows(ctx, smem, warp, phases, g, m_tile);
     }
-    named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
+    named_barrier_sync(kBarrierDispatch, kWarps * 32);
     if (threadIdx.x == 0) {
       fence_proxy_async_global();
       if constexpr (fp8_rings<Pass>()) {

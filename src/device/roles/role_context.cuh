@@ -19,6 +19,7 @@ enum NamedBarrier : int {
   kBarrierDispatch = 1,        // the copy warps of a dispatch CTA
   kBarrierFusedWeightGradClear = 2, // the consumer warpgroups of a GEMM CTA, around a weight-gradient tile's row clearing
   kBarrierFusedExchange = 3,   // the consumer warpgroups of a GEMM CTA, handing a split-N tile's halves over (FP8)
+  kBarrierDispatchRows = 4,    // 4 .. 7: a copy warp and its quantizing helpers in the FP8 dispatch (per copy warp)
 };
 
 // Warps per dispatch CTA, every one of which builds a share of the schedule
