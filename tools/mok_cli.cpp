@@ -487,7 +487,7 @@ int run_gpu_fp8(const Options& o) {
               forward.options().describe().c_str());
 
   // The bf16 forward of the same layer and data, with the same options where
-  // it takes them (its minibatches are of 128-row tiles, FP8's of 64).
+  // it takes them (both run 128-row tiles).
   mok::LayerConfig bf16_config = config;
   bf16_config.dtype = mok::DType::kBF16;
   std::unique_ptr<mok::FusedForward> bf16;

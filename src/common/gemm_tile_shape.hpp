@@ -16,8 +16,10 @@ enum class EpilogueKind : int32_t {
   kWeightGrad = 3,      // fp32 tile of a weight gradient, stored or added to the caller's buffer
   // The FP8 forward's gate/up (docs/fp8-forward-design.md, section 3): h =
   // silu(gate) * up quantized to e4m3 with one ue8m0 scale per 128 columns
-  // of a row. Its tile splits N between the consumer warpgroups (0: the 128
-  // gate rows, 1: the 128 up rows) so that one tile sees a whole scale block.
+  // of a row. One tile must see a whole scale block: 128 gate + 128 up
+  // rows, either split between the consumer warpgroups (the 64 x 256
+  // split-N tile: 0 the gate rows, 1 the up rows) or each warpgroup's own
+  // (the wide 128 x 256 tile, gemm/fp8_mainloop.cuh).
   kSwiGLUQuantize = 4,
   // The backward's recompute mode (docs/backward-design.md): the gate/up
   // GEMM keeps its raw accumulators, [gate | up] rounded once to bf16 (what

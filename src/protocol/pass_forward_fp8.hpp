@@ -7,22 +7,22 @@
 //   kind            tile                            A                       out
 //   shared gate/up  128 x 128 bf16, SwiGLU          x (bf16)                shared_h (bf16)
 //   shared down     128 x 128 bf16, plain           shared_h                shared_out (bf16)
-//   gate/up         64 x 256 e4m3, split N,         x ring (e4m3, scales)   h ring: 128 h columns a tile,
+//   gate/up         128 x 256 e4m3, wide,           x ring (e4m3, scales)   h ring: 128 h columns a tile,
 //                   SwiGLU, h quantized                                     e4m3, a ue8m0 scale per row
-//   down            64 x 256 e4m3, split N, plain   h ring (e4m3, scales)   home rows (bf16)
+//   down            128 x 256 e4m3, wide, plain     h ring (e4m3, scales)   home rows (bf16)
 //
-// So its m-tile (tile_m, to which the schedule pads every expert) is 64 rows
-// and its token tile 128 (PassShape::token_tile_m = shape_token_tile_m<
-// ForwardFp8Pass>()). The shared expert stays bf16 (issue 16), in 128 x 128
-// tiles: every kind then holds 64 accumulators a consumer thread, and ptxas
-// allocates the consumers' registers without spilling (with the bf16
-// forward's 128 x 256 tiles, 128 accumulators a thread, the FP8 kinds'
-// mainloop spilled ~2 KB a thread: docs/perf-notes.md q4). Every kind's
-// stages sit at the bf16 128 x 256 tile's 48 KB stride (the FP8 split-N
-// stage, 8 KB A + 32 KB B, and the 32 KB bf16 128 x 128 one are padded to
-// it), and the split-N epilogue hands its halves over through the consumer
-// warps' 16 KB of staging in two rounds instead of a 32 KB area of its own,
-// so the fused kernel's shared-memory layout is the bf16 forward's.
+// So its m-tile (tile_m, to which the schedule pads every expert) and its
+// token tile are 128 rows. The routed tiles are the wide FP8 tiles
+// (gemm/fp8_mainloop.cuh, mma_fp8_wide_tile): each consumer warpgroup 64
+// rows against all 256 B rows, 128 accumulators and one partial sum a
+// thread; a stage moves 0.6x the L2 bytes per FLOP of the 64 x 256 split-N
+// tiles the first kernel ran (docs/perf-notes.md q5). The shared expert stays bf16 (issue 16), in 128 x 128
+// tiles (64 accumulators a consumer thread: with the bf16 forward's 128 x
+// 256 ones beside FP8 kinds that promote, ptxas spilled the promotion,
+// docs/perf-notes.md q4). Every kind's stages sit at the bf16 128 x 256
+// tile's 48 KB stride (the wide FP8 stage, 16 KB A + 32 KB B, is exactly
+// that; the 32 KB bf16 128 x 128 one is padded to it), so the fused
+// kernel's shared-memory layout is the bf16 forward's.
 //
 // The tensors are the bf16 forward's, in FP8 where the routed GEMMs read
 // them: kRingX holds the pulled x rows as e4m3 values plus one ue8m0 scale
@@ -43,16 +43,16 @@
 
 namespace mok::protocol {
 
-inline constexpr GemmTileShape kFp8ForwardGateUpTile{64, 256, EpilogueKind::kSwiGLUQuantize, ElementType::kE4M3};
-inline constexpr GemmTileShape kFp8ForwardDownTile{64, 256, EpilogueKind::kPlain, ElementType::kE4M3};
+inline constexpr GemmTileShape kFp8ForwardGateUpTile{128, 256, EpilogueKind::kSwiGLUQuantize, ElementType::kE4M3};
+inline constexpr GemmTileShape kFp8ForwardDownTile{128, 256, EpilogueKind::kPlain, ElementType::kE4M3};
 inline constexpr GemmTileShape kFp8ForwardSharedSwiGLUTile{128, 128, EpilogueKind::kSwiGLU};
 inline constexpr GemmTileShape kFp8ForwardSharedPlainTile{128, 128, EpilogueKind::kPlain};
 
 // Bytes of one pipeline stage of a tile: its A and B boxes, one 128-byte
 // swizzle row of K per row (GemmTileShape::block_k) whatever the element.
 constexpr int32_t stage_bytes(GemmTileShape t) { return (t.block_m + t.block_n) * 128; }
-static_assert(kFp8ForwardGateUpTile.splits_n() && kFp8ForwardDownTile.splits_n(),
-              "the routed kinds run the split-N FP8 tiles");
+static_assert(!kFp8ForwardGateUpTile.splits_n() && !kFp8ForwardDownTile.splits_n(),
+              "the routed kinds run the wide FP8 tiles (rows split between the warpgroups)");
 static_assert(stage_bytes(kFp8ForwardGateUpTile) <= stage_bytes(kForwardSwiGLUTile) &&
                   stage_bytes(kFp8ForwardDownTile) <= stage_bytes(kForwardSwiGLUTile),
               "every kind's stage fits the bf16 forward's stage");
@@ -75,8 +75,8 @@ struct ForwardFp8Pass : ForwardPass {
 };
 
 static_assert(pass_table_is_consistent<ForwardFp8Pass>(), "the FP8 forward's table breaks a rule of pass_table.hpp");
-static_assert(kinds_block_m<ForwardFp8Pass>(Rows::kSchedule) == 64 && shape_token_tile_m<ForwardFp8Pass>() == 128,
-              "the FP8 forward's m-tile is 64 rows, its token tile 128");
+static_assert(kinds_block_m<ForwardFp8Pass>(Rows::kSchedule) == 128 && kinds_block_m<ForwardFp8Pass>(Rows::kTokens) == 128,
+              "the FP8 forward's m-tile and token tile are 128 rows");
 
 using ForwardFp8Geometry = PassGeometry<ForwardFp8Pass>;
 using ForwardFp8Counters = PassCounters<ForwardFp8Pass>;

@@ -323,9 +323,10 @@ constexpr int32_t kinds_block_m(Rows rows) {
 }
 
 // What PassShape::token_tile_m is for a pass: its own-token kinds' height
-// where that differs from its schedule kinds' (the FP8 forward: 128 against
-// 64), else 0, "the m-tile" -- so a table whose kinds share one height (every
-// bf16 pass) keeps its token geometry on the run-time tile_m.
+// where that differs from its schedule kinds' (the FP8 forward's first
+// kernel had 128 against 64), else 0, "the m-tile" -- so a table whose kinds
+// share one height (every pass today) keeps its token geometry on the
+// run-time tile_m.
 template <class Pass>
 MOK_HD constexpr int32_t shape_token_tile_m() {
   constexpr int32_t kToken = kinds_block_m<Pass>(Rows::kTokens);

@@ -22,10 +22,10 @@ inline world::KernelFacts hopper_kernel_facts() {
 }
 
 // The FP8 forward's instantiation (fused_kernel_facts(DType::kFP8E4M3)):
-// 64-row routed tiles, the shared expert's bf16 128-row tiles, the rest shared.
+// 128-row routed tiles (the wide FP8 tiles) and 128-row bf16 shared ones, the rest shared.
 inline world::KernelFacts hopper_fp8_kernel_facts() {
   world::KernelFacts k = hopper_kernel_facts();
-  k.tile_m = 64;
+  k.tile_m = 128;  // the wide FP8 tiles: the bf16 forward's heights
   return k;
 }
 

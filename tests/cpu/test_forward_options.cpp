@@ -95,7 +95,7 @@ TEST(ForwardOptions, RingSlotsAreBoundedForThe32BitRingArithmetic) {
 }
 
 // The FP8 forward: H a multiple of 256, I of 128 (whole scale blocks in
-// every tile), minibatches of 64-row tiles (its facts' tile_m), the ring's
+// every tile), minibatches of 128-row tiles (its facts' tile_m), the ring's
 // scale arrays indexable in 32 bits; device-ordered passes as in bf16.
 mok::FusedForwardOptions resolve_fp8(const mok::LayerConfig& config, const mok::FusedForwardOptions& options) {
   return mok::world::resolve_options(config, options, mok::test_support::hopper_fp8_kernel_facts(), gpus(1));
@@ -117,13 +117,13 @@ TEST(ForwardOptions, Fp8LayersGetTheFp8ForwardsShapeRules) {
   EXPECT_NO_THROW(mok::validate(fp8));
   EXPECT_NO_THROW(resolve_fp8(fp8, {}));
   mok::FusedForwardOptions o;
-  o.minibatch_rows = 64;  // one 64-row FP8 tile
+  o.minibatch_rows = 128;  // one 128-row FP8 tile
   o.ring_slots = 1;
   EXPECT_NO_THROW(resolve_fp8(fp8, o));
-  o.minibatch_rows = 192;
+  o.minibatch_rows = 384;
   EXPECT_NO_THROW(resolve_fp8(fp8, o));
-  o.minibatch_rows = 96;
-  expect_fp8_refused(fp8, o, {"minibatch_rows = 96", "multiple of 64"});
+  o.minibatch_rows = 192;
+  expect_fp8_refused(fp8, o, {"minibatch_rows = 192", "multiple of 128"});
   o = {};
   o.device_ordered = true;
   EXPECT_TRUE(resolve_fp8(fp8, o).device_ordered);

@@ -506,17 +506,40 @@ TEST(PassTable, GeometryCountsTheLayersTiles) {
   EXPECT_EQ(Pass::kKinds[Pass::kDown].tile.out_cols(), 256);
 }
 
-// The FP8 forward's geometry: schedule m-tiles of 64 rows (its routed FP8
-// tiles), token tiles of 128 (its bf16 shared-expert tiles); the token tiles
+// The FP8 forward's first kernel's table: 64-row split-N routed tiles
+// beside 128-row bf16 shared-expert tiles. The FP8 forward now runs 128-row
+// tiles throughout, but a table whose heights differ stays expressible, and
+// its geometry is checked on this one.
+inline constexpr mok::GemmTileShape kSplitNGateUpTile{64, 256, mok::EpilogueKind::kSwiGLUQuantize, mok::ElementType::kE4M3};
+inline constexpr mok::GemmTileShape kSplitNDownTile{64, 256, mok::EpilogueKind::kPlain, mok::ElementType::kE4M3};
+struct SplitNFp8Pass : ForwardFp8Pass {
+  static constexpr TaskKindSpec kKinds[kNumKinds] = {
+      ForwardFp8Pass::kKinds[kSharedGateUp], ForwardFp8Pass::kKinds[kSharedDown],
+      with_tile(ForwardFp8Pass::kKinds[kGateUp], kSplitNGateUpTile),
+      with_tile(ForwardFp8Pass::kKinds[kDown], kSplitNDownTile)};
+};
+static_assert(pass_table_is_consistent<SplitNFp8Pass>());
+
+// The FP8 forward's table runs one height: 128-row m-tiles and token tiles.
+TEST(PassTable, TheFp8TableRunsOneHeight) {
+  EXPECT_EQ(kinds_block_m<ForwardFp8Pass>(Rows::kSchedule), 128);
+  EXPECT_EQ(kinds_block_m<ForwardFp8Pass>(Rows::kTokens), 128);
+  EXPECT_EQ(shape_token_tile_m<ForwardFp8Pass>(), 0);
+  EXPECT_TRUE(shape_fits_tiles<ForwardFp8Pass>(PassShape{128, 256, 2, 2, 7168, 2048, 2048}));
+  EXPECT_FALSE(shape_fits_tiles<ForwardFp8Pass>(PassShape{64, 256, 2, 2, 7168, 2048, 2048}));
+}
+
+// A table with two heights: schedule m-tiles of 64 rows (the split-N routed
+// tiles), token tiles of 128 (the bf16 shared-expert tiles); the token tiles
 // count the tokens, and everything that counts per token tile (the shared
 // expert's tasks, shared_h_ready) follows them.
 TEST(PassTable, TheFp8GeometryCountsTokenTilesByTheTokenTile) {
-  using Fp8 = ForwardFp8Pass;
+  using Fp8 = SplitNFp8Pass;
   PassShape shape{64, 256, 2, 2, 7168, 2048, 2048};
   shape.token_tile_m = shape_token_tile_m<Fp8>();
   EXPECT_EQ(shape.token_tile_m, 128);
   EXPECT_TRUE(shape_fits_tiles<Fp8>(shape));
-  const ForwardFp8Geometry g = pass_geometry<Fp8>(shape, 300, 10 * 64);
+  const PassGeometry<Fp8> g = pass_geometry<Fp8>(shape, 300, 10 * 64);
   EXPECT_EQ(g.tile_m, 64);
   EXPECT_EQ(g.token_tile_m, 128);
   EXPECT_EQ(g.token_m_tiles, 3);  // 300 tokens: 128 + 128 + 44
@@ -564,13 +587,13 @@ TEST(PassTable, TheFp8GeometryCountsTokenTilesByTheTokenTile) {
 // counts each).
 struct MixedTokenTiles : ForwardFp8Pass {
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      ForwardFp8Pass::kKinds[kSharedGateUp], with_tile(ForwardFp8Pass::kKinds[kSharedDown], kFp8ForwardDownTile),
+      ForwardFp8Pass::kKinds[kSharedGateUp], with_tile(ForwardFp8Pass::kKinds[kSharedDown], kSplitNDownTile),
       ForwardFp8Pass::kKinds[kGateUp], ForwardFp8Pass::kKinds[kDown]};
 };
 struct MixedScheduleTiles : ForwardFp8Pass {
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
       ForwardFp8Pass::kKinds[kSharedGateUp], ForwardFp8Pass::kKinds[kSharedDown], ForwardFp8Pass::kKinds[kGateUp],
-      with_tile(ForwardFp8Pass::kKinds[kDown], kForwardPlainTile)};
+      with_tile(ForwardFp8Pass::kKinds[kDown], kSplitNDownTile)};
 };
 static_assert(!pass_table_is_consistent<MixedTokenTiles>() && !pass_table_is_consistent<MixedScheduleTiles>());
 static_assert(pass_table_is_consistent<ForwardFp8Pass>() && pass_table_is_consistent<ForwardPass>());

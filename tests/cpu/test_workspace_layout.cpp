@@ -107,13 +107,13 @@ TEST(WorkspaceLayout, SizesAreWhatTheKernelReadsForAPreset) {
 }
 
 // An fp8 layer: e4m3 rings (a byte an element) with a ue8m0 scale per 128
-// columns of each ring row, 64-row routed m-tiles (the schedule's padding,
+// columns of each ring row, 128-row routed m-tiles (the schedule's padding,
 // the ring's tiles), the shared expert's bf16 buffers as in bf16.
 TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
   const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37}, mok::DType::kFP8E4M3);
   const KernelFacts kernel = hopper_fp8_kernel();
-  const auto L = mok::world::rank_layout(config, ring(192, 2, 3), kernel, 0, /*staged_inputs=*/true);
-  const size_t ring_rows = 384, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
+  const auto L = mok::world::rank_layout(config, ring(256, 2, 3), kernel, 0, /*staged_inputs=*/true);
+  const size_t ring_rows = 512, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
   EXPECT_EQ(L.ring_x.bytes, ring_rows * H);
   EXPECT_EQ(L.ring_h.bytes, ring_rows * I);
   EXPECT_EQ(L.ring_x_scales.bytes, ring_rows * (H / 128));
@@ -125,21 +125,24 @@ TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
   EXPECT_EQ(L.shared_out.bytes, T * H * 2);
   EXPECT_EQ(L.staged_x.bytes, T * H * 2);
   EXPECT_EQ(L.staged_ids.bytes, T * k * 4);
-  // Every entry of the world on this rank's experts, each expert padded to 64 rows.
-  EXPECT_EQ(L.row_capacity, (100 + 37) * 2 + El * 63);
-  EXPECT_EQ(L.geometry.tile_m, 64);
-  EXPECT_EQ(L.geometry.ring_tiles(), 6);
-  // The shared expert's counters count its 128-row token tiles, as the FP8 table's kernel does.
+  // Every entry of the world on this rank's experts, each expert padded to 128 rows.
+  EXPECT_EQ(L.row_capacity, (100 + 37) * 2 + El * 127);
+  EXPECT_EQ(L.geometry.tile_m, 128);
+  EXPECT_EQ(L.geometry.ring_tiles(), 4);
+  // The shared expert's counters count its 128-row token tiles.
   EXPECT_EQ(L.geometry.token_tile_m, 128);
   EXPECT_EQ(L.geometry.token_m_tiles, 1);
-  EXPECT_EQ(mok::world::pass_shape(config, ring(192, 2, 3), kernel).token_tile_m,
+  EXPECT_EQ(mok::world::pass_shape(config, ring(256, 2, 3), kernel).token_tile_m,
             mok::protocol::shape_token_tile_m<mok::protocol::ForwardFp8Pass>());
-  EXPECT_NO_THROW(mok::world::require_kernel_tiles(config, ring(192, 2, 3), kernel));
-  // Facts of the other table are refused, both ways.
-  EXPECT_THROW(mok::world::require_kernel_tiles(config, ring(192, 2, 3), hopper_kernel()), mok::Error);
+  EXPECT_NO_THROW(mok::world::require_kernel_tiles(config, ring(256, 2, 3), kernel));
+  // Facts of another height are refused (the first FP8 kernel's 64-row tiles).
+  KernelFacts split_n = kernel;
+  split_n.tile_m = 64;
+  split_n.token_tile_m = 128;
+  EXPECT_THROW(mok::world::require_kernel_tiles(config, ring(192, 2, 3), split_n), mok::Error);
   auto bf16_config = config;
   bf16_config.dtype = mok::DType::kBF16;
-  EXPECT_THROW(mok::world::require_kernel_tiles(bf16_config, ring(192, 2, 3), kernel), mok::Error);
+  EXPECT_THROW(mok::world::require_kernel_tiles(bf16_config, ring(192, 2, 3), split_n), mok::Error);
   EXPECT_NO_THROW(mok::world::require_kernel_tiles(bf16_config, ring(256, 2, 3), hopper_kernel()));
   const size_t counter_bytes = mok::protocol::counter_words(L.geometry) * 4;
   EXPECT_EQ(L.counters[0].bytes, counter_bytes);
@@ -155,7 +158,7 @@ TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
 }
 
 // The facts the FP8 instantiation takes from its table (pass_tiles.hpp):
-// 64-row routed tiles, the bf16 forward's shared tiles; its maps' boxes.
+// 128-row routed and shared tiles; its maps' boxes.
 TEST(WorkspaceLayout, TheFp8TablesTilesAreWhatTheHostLaysOut) {
   using mok::protocol::ForwardFp8Pass;
   using mok::protocol::ForwardPass;
@@ -166,10 +169,10 @@ TEST(WorkspaceLayout, TheFp8TablesTilesAreWhatTheHostLaysOut) {
   EXPECT_EQ(mok::protocol::kinds_block_m<ForwardPass>(Rows::kTokens), 128);
   EXPECT_EQ(mok::protocol::kinds_block_m<ForwardFp8Pass>(Rows::kSchedule), hopper_fp8_kernel().tile_m);
   EXPECT_EQ(mok::protocol::kinds_block_m<ForwardFp8Pass>(Rows::kTokens), hopper_fp8_kernel().token_tile_m);
-  // Ring x: {128, 64}; w13: two boxes of 128 rows (gate, up); ring h:
-  // {128, 64}; w2: {128, 256} (elements, e4m3: bytes).
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingX), (OperandBoxes{128, 64, 128}));
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingH), (OperandBoxes{128, 64, 256}));
+  // Ring x: {128, 128}; w13: two boxes of 128 rows (gate, up); ring h:
+  // {128, 128}; w2: {128, 256} (elements, e4m3: bytes).
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingX), (OperandBoxes{128, 128, 128}));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingH), (OperandBoxes{128, 128, 256}));
   // The shared expert's: bf16 128 x 128 tiles, K 64 per box (gate/up: two
   // boxes of 64 weight rows).
   EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 64}));

@@ -162,7 +162,7 @@ TEST(FusedForwardFp8, KernelFactsAreTheFp8Tables) {
   const mok::world::KernelFacts bf16 = mok::world::fused_kernel_facts(mok::DType::kBF16);
   const mok::world::KernelFacts fp8 = mok::world::fused_kernel_facts(mok::DType::kFP8E4M3);
   EXPECT_EQ(bf16.tile_m, 128);
-  EXPECT_EQ(fp8.tile_m, 64);  // the 64-row split-N FP8 tiles
+  EXPECT_EQ(fp8.tile_m, 128);  // the wide 128 x 256 FP8 tiles
   EXPECT_EQ(fp8.token_tile_m, bf16.token_tile_m);  // the shared expert stays bf16
   EXPECT_EQ(fp8.token_tile_m, 128);
   EXPECT_EQ(fp8.max_top_k, bf16.max_top_k);
@@ -182,11 +182,11 @@ TEST(FusedForwardFp8, MatchesTheFp8ReferenceOnSmallPresets) {
   const mok::LayerShape& small = mok::find_shape("small");    // H 256, I 128, shared 128, top-2
   const mok::LayerShape& medium = mok::find_shape("medium");  // H 1024, I 512, shared 512, top-4
   const std::vector<Case> cases = {
-      {&small, {300}, RoutingMode::kUniform, 64, 2},               // one rank, the ring wraps often
+      {&small, {300}, RoutingMode::kUniform, 128, 2},              // one rank, the ring wraps often
       {&small, {0, 177}, RoutingMode::kUniform, 128, 2},           // a rank without tokens
-      {&small, {1, 250}, RoutingMode::kSkewed, 192, 3},            // uneven, one token
-      {&small, {333, 120}, RoutingMode::kSameExperts, 64, 1},      // everything on rank 0, one 64-row slot
-      {&medium, {96, 33}, RoutingMode::kSkewed, 192, 2},
+      {&small, {1, 250}, RoutingMode::kSkewed, 384, 3},            // uneven, one token
+      {&small, {333, 120}, RoutingMode::kSameExperts, 128, 1},     // everything on rank 0, one 128-row slot
+      {&medium, {96, 33}, RoutingMode::kSkewed, 384, 2},
       {&medium, {150}, RoutingMode::kUniform, 2048, 4},            // one minibatch holds it all
       {&kNoSharedFp8, {150, 71}, RoutingMode::kUniform, 128, 2},   // no shared expert
   };
@@ -243,8 +243,8 @@ TEST(FusedForwardFp8, BitwiseIdenticalAcrossWorldSizesRingsMinibatchesAndSmSplit
   const int global_tokens = 256;
   std::vector<uint16_t> baseline;
   struct Case { int world; int minibatch; int slots; int ctas; int comm; };
-  for (const Case& c : {Case{1, 2048, 4, 0, 0}, Case{1, 64, 1, 20, 3}, Case{2, 128, 2, 0, 0},
-                        Case{2, 64, 3, 30, 2}, Case{4, 192, 2, 0, 0}, Case{4, 64, 3, 16, 1}}) {
+  for (const Case& c : {Case{1, 2048, 4, 0, 0}, Case{1, 128, 1, 20, 3}, Case{2, 256, 2, 0, 0},
+                        Case{2, 128, 3, 30, 2}, Case{4, 384, 2, 0, 0}, Case{4, 128, 3, 16, 1}}) {
     SCOPED_TRACE(testing::Message() << "R=" << c.world << " minibatch=" << c.minibatch << " slots=" << c.slots
                                     << " ctas=" << c.ctas << " comm=" << c.comm);
     const auto config =
@@ -313,14 +313,14 @@ void expect_error(F&& f, std::initializer_list<const char*> says) {
 
 TEST(FusedForwardFp8, RefusesWhatItCannotRunWithClearErrors) {
   MOK_REQUIRE_HOPPER();
-  // Shapes: H a multiple of 256, I of 128, minibatches of 64-row tiles.
+  // Shapes: H a multiple of 256, I of 128, minibatches of 128-row tiles.
   const mok::LayerShape h384{"h384", 384, 128, 8, 2, 1, "test: H a multiple of 128, not of 256"};
   expect_error([&] { mok::FusedForward refused(fp8_config(h384, {16, 16}), small_ring(128, 1)); },
                {"hidden = 384", "multiple of 256 for fp8"});
   expect_error([&] { mok::FusedForward refused(fp8_config("no-shared", {16, 16}), small_ring(128, 1)); },
                {"intermediate = 192", "multiple of 128 for fp8"});
-  expect_error([&] { mok::FusedForward refused(fp8_config("small", {16, 16}), small_ring(96, 1)); },
-               {"minibatch_rows = 96", "multiple of 64"});
+  expect_error([&] { mok::FusedForward refused(fp8_config("small", {16, 16}), small_ring(192, 1)); },
+               {"minibatch_rows = 192", "multiple of 128"});
   // No fused fp8 backward.
   expect_error([&] { mok::FusedBackward refused(fp8_config("small", {16, 16}), small_ring(128, 1)); },
                {"dtype = fp8-e4m3", "fused backward"});
@@ -328,7 +328,7 @@ TEST(FusedForwardFp8, RefusesWhatItCannotRunWithClearErrors) {
   const auto config = fp8_config("small", {16, 40});
   const auto layer = mok::synthetic::make_layer(config, 1);
   Fp8Device device(layer);
-  mok::FusedForward forward(config, small_ring(64, 2));
+  mok::FusedForward forward(config, small_ring(128, 2));
   // Missing scales: refused before launch, rank and field named.
   auto tensors = device.tensors();
   tensors[1].w13_scales = nullptr;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device/gemm/tile_config.cuh"
 #include "device/pipeline/stage_ring.cuh"
@@ -45,6 +46,81 @@ struct Fp8Scales {
   int32_t up_rows;   // SwiGLU: N, where the up rows start in B (a tile's gate and up halves have a scale each)
 };
 
+// The wide FP8 tile's K loop (Cfg 128 x 256, rows split: warpgroup c its
+// 64 rows c * 64 ..): per stage, the 128 B rows of half 0 (the gate rows of
+// a gate/up tile, the first 128 weight rows of a plain one) into the
+// partial sum, promoted into acc[0, 64); then half 1's into the same
+// partial, promoted into acc[64, 128). So acc has the layout of an m64n256
+// accumulator (column chunk j = 0..31 at acc[4j ..]) and a warpgroup holds
+// 128 accumulators and one 64-register partial: the 232 registers a
+// consumer gets fit them, where two partials beside 128 accumulators would
+// not. While one warpgroup promotes, the other's wgmma keep the tensor cores
+// busy. Per stage it reads 48 KB (16 KB of A, 32 of B) for 8.4 MFLOP of
+// tensor work: 0.6x the L2 bytes per FLOP of the 64 x 256 split-N tile.
+// `b_half0` / `b_half1`: the halves' B scale rows (offsets, times k_blocks);
+// the promotion per element is the other tiles' (the same bits).
+template <class Cfg, bool kAScalesOfThisPass, class Release, class OnStall>
+__device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
+                                                  int consumer, float (&acc)[Cfg::kAccRegs], const Fp8Scales& scales,
+                                                  int32_t a_top, int32_t a_low, int32_t b_half0, int32_t b_half1,
+                                                  const Release& release, const OnStall& on_stall) {
+  static_assert(Cfg::kAccRegs == 128, "two 64-register halves a warpgroup");
+  constexpr int kHalf = 64;
+  struct StageScales {
+    float top0, low0, top1, low1;
+  };
+  auto load_a_scale = [&](int32_t at) {
+    return ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + at) : __ldg(scales.a + at));
+  };
+  auto load_scales = [&](int kb) {
+    const float sb0 = ue8m0_value(__ldg(scales.b + b_half0 + kb));
+    const float sb1 = ue8m0_value(__ldg(scales.b + b_half1 + kb));
+    const float sa_top = load_a_scale(a_top + kb);
+    const float sa_low = load_a_scale(a_low + kb);
+    return StageScales{__fmul_rn(sa_top, sb0), __fmul_rn(sa_low, sb0), __fmul_rn(sa_top, sb1),
+                       __fmul_rn(sa_low, sb1)};
+  };
+  float part[kHalf];
+  // One half of a stage: four m64n128k32 into `part` (the first
+  // overwriting), waited for, then promoted into acc[half * 64 ..]. d[4j +
+  // 2h + e]: row half h, column chunk j.
+  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, int kb, float top, float low, int held) {
+    constexpr int kH = decltype(half)::value;
+    wgmma::fence_operands(part);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
+      wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
+                                 k > 0 ? 1u : 0u);
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(part);
+    if constexpr (kH == 1) release(held);  // the stage's last reads are done
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const float s = ((i / 2) % 2) ? low : top;
+      acc[kH * kHalf + i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
+    }
+  };
+  // The scales one stage ahead (their L2 latency off the promotion's path).
+  StageScales next = load_scales(0);
+  const int k_blocks = scales.k_blocks;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const StageScales sc = next;
+    if (kb + 1 < k_blocks) next = load_scales(kb + 1);
+    ring.consumer_wait(on_stall);
+    const int held = ring.stage;
+    auto& stage = smem.stages[held];
+    ring.advance();
+    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
+    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, kb, sc.top0, sc.low0,
+               held);
+    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b + 128 * Cfg::kRowBytes), std::integral_constant<int, 1>{},
+               kb, sc.top1, sc.low1, held);
+  }
+}
+
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
 // K, promoted stage by stage. Rows at or past m_total are zeros (never stored).
 // kAScalesOfThisPass: A's scales were written during this kernel by other
@@ -61,10 +137,14 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   // A warpgroup's wgmma is m64n128k32: 128 weight rows, one 128 x 128 B
   // scale block per stage (a split-N tile's warpgroups take 128 rows each:
   // warpgroup c the stage's B rows 128 c .. 128 c + 127).
-  static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockN == (Cfg::kSplitN ? 256 : 128) &&
-                    Cfg::kBlockK == 128,
-                "one 128 x 128 B scale block per warpgroup and one 128-deep A scale block per stage");
   constexpr bool kSplitN = Cfg::kSplitN;
+  // The wide tile (128 x 256, rows split between the warpgroups): each
+  // warpgroup's 64 rows against both 128-row halves of B, one after the
+  // other through one partial sum (mma_fp8_wide_tile).
+  constexpr bool kWide = !kSplitN && Cfg::kBlockN == 256;
+  static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockK == 128 &&
+                    (Cfg::kBlockN == 128 || (Cfg::kBlockN == 256 && (kSplitN || Cfg::kBlockM == 128))),
+                "one 128 x 128 B scale block per wgmma group and one 128-deep A scale block per stage");
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
   // This thread's rows: row, row + 8 (split N: both warpgroups hold the same rows).
@@ -98,100 +178,105 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     ring.consumer_release(s);
     if constexpr (Cfg::kClusterN == 2) mbarrier_arrive_peer(&ring.empty[s], cluster_rank() ^ 1u);
   };
-  // Issues the next stage's wgmma into `part` (one committed group); returns
-  // the stage it reads, to be handed back once that group has retired.
-  auto issue = [&](float(&part)[Cfg::kAccRegs]) {
-    ring.consumer_wait(on_stall);
-    const int held = ring.stage;
-    auto& stage = smem.stages[held];
-    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + (kSplitN ? 0 : consumer * 64 * Cfg::kRowBytes));
-    const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b + (kSplitN ? consumer * 128 * Cfg::kRowBytes : 0));
-    wgmma::fence_operands(part);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
-      wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
-                                 k > 0 ? 1u : 0u);
-    }
-    wgmma::commit_group();
-    wgmma::fence_operands(part);
-    ring.advance();
-    return held;
-  };
-  // Stage kb's four scales (sa * sb for the top and low rows, gate and up
-  // halves), loaded before its wait so that the wait hides their latency.
-  // Each is a product of two powers of two: exact.
-  struct StageScales {
-    float top, low, top_up, low_up;
-  };
-  auto load_scales = [&](int kb) {
-    const float sb = ue8m0_value(__ldg(scales.b + b_gate + kb));
-    const float sb_up = kSwiGLU ? ue8m0_value(__ldg(scales.b + b_up + kb)) : sb;
-    const float sa_top = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_top + kb) : __ldg(scales.a + a_top + kb));
-    const float sa_low = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_low + kb) : __ldg(scales.a + a_low + kb));
-    return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
-                       __fmul_rn(sa_low, sb_up)};
-  };
-  // Adds stage kb's retired partial sum into acc. d[4j + 2h + e]: row half
-  // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
-  auto promote = [&](float(&part)[Cfg::kAccRegs], int kb, const StageScales& sc) {
-    wgmma::fence_operands(part);
-#pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) {
-      const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
-      const float s = ((i / 2) % 2) ? (up ? sc.low_up : sc.low) : (up ? sc.top_up : sc.top);
-      acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
-    }
-  };
-  // Stage kb is in flight in part_even (kb even) or part_odd (kb odd) when
-  // the loop reaches it; the next one is issued before kb is waited for. No
-  // wgmma or wait sits in a conditional branch: ptxas serializes every wgmma
-  // of a kernel whose accumulators it must guard on a divergent path.
-  float part_even[Cfg::kAccRegs];
-  const int k_blocks = scales.k_blocks;
-  if constexpr (kPartials == 1) {
-    // The scales one stage ahead: with one partial sum, a scale load issued
-    // in the stage that promotes with it leaves its latency (L2, for scales
-    // written in this pass) between the wgmma's end and the promotion.
-    StageScales next = load_scales(0);
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      const StageScales sc = next;
-      if (kb + 1 < k_blocks) next = load_scales(kb + 1);
-      const int stage = issue(part_even);
-      wgmma::wait_group<0>();
-      release(stage);
-      promote(part_even, kb, sc);
-    }
-    return;
-  }
-  float part_odd[Cfg::kAccRegs];
-  int held = issue(part_even);
-  int kb = 0;
-  while (true) {
-    if (kb + 1 >= k_blocks) break;  // the last stage is in part_even
-    StageScales sc = load_scales(kb);
-    int next = issue(part_odd);
-    wgmma::wait_group<1>();
-    release(held);
-    promote(part_even, kb, sc);
-    held = next;
-    ++kb;
-    if (kb + 1 >= k_blocks) break;  // the last stage is in part_odd
-    sc = load_scales(kb);
-    next = issue(part_even);
-    wgmma::wait_group<1>();
-    release(held);
-    promote(part_odd, kb, sc);
-    held = next;
-    ++kb;
-  }
-  const StageScales last = load_scales(kb);
-  wgmma::wait_group<0>();
-  release(held);
-  if (kb % 2 == 0) {
-    promote(part_even, kb, last);
+  if constexpr (kWide) {
+    mma_fp8_wide_tile<Cfg, kAScalesOfThisPass>(smem, ring, consumer, acc, scales, a_top, a_low, b_gate,
+                                               Cfg::kGateUp ? b_up : b_gate + scales.k_blocks, release, on_stall);
   } else {
-    promote(part_odd, kb, last);
+    // Issues the next stage's wgmma into `part` (one committed group); returns
+    // the stage it reads, to be handed back once that group has retired.
+    auto issue = [&](float(&part)[Cfg::kAccRegs]) {
+      ring.consumer_wait(on_stall);
+      const int held = ring.stage;
+      auto& stage = smem.stages[held];
+      const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + (kSplitN ? 0 : consumer * 64 * Cfg::kRowBytes));
+      const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b + (kSplitN ? consumer * 128 * Cfg::kRowBytes : 0));
+      wgmma::fence_operands(part);
+      wgmma::fence();
+  #pragma unroll
+      for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
+        wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
+                                   k > 0 ? 1u : 0u);
+      }
+      wgmma::commit_group();
+      wgmma::fence_operands(part);
+      ring.advance();
+      return held;
+    };
+    // Stage kb's four scales (sa * sb for the top and low rows, gate and up
+    // halves), loaded before its wait so that the wait hides their latency.
+    // Each is a product of two powers of two: exact.
+    struct StageScales {
+      float top, low, top_up, low_up;
+    };
+    auto load_scales = [&](int kb) {
+      const float sb = ue8m0_value(__ldg(scales.b + b_gate + kb));
+      const float sb_up = kSwiGLU ? ue8m0_value(__ldg(scales.b + b_up + kb)) : sb;
+      const float sa_top = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_top + kb) : __ldg(scales.a + a_top + kb));
+      const float sa_low = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_low + kb) : __ldg(scales.a + a_low + kb));
+      return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
+                         __fmul_rn(sa_low, sb_up)};
+    };
+    // Adds stage kb's retired partial sum into acc. d[4j + 2h + e]: row half
+    // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
+    auto promote = [&](float(&part)[Cfg::kAccRegs], int kb, const StageScales& sc) {
+      wgmma::fence_operands(part);
+  #pragma unroll
+      for (int i = 0; i < Cfg::kAccRegs; ++i) {
+        const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
+        const float s = ((i / 2) % 2) ? (up ? sc.low_up : sc.low) : (up ? sc.top_up : sc.top);
+        acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
+      }
+    };
+    // Stage kb is in flight in part_even (kb even) or part_odd (kb odd) when
+    // the loop reaches it; the next one is issued before kb is waited for. No
+    // wgmma or wait sits in a conditional branch: ptxas serializes every wgmma
+    // of a kernel whose accumulators it must guard on a divergent path.
+    float part_even[Cfg::kAccRegs];
+    const int k_blocks = scales.k_blocks;
+    if constexpr (kPartials == 1) {
+      // The scales one stage ahead: with one partial sum, a scale load issued
+      // in the stage that promotes with it leaves its latency (L2, for scales
+      // written in this pass) between the wgmma's end and the promotion.
+      StageScales next = load_scales(0);
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        const StageScales sc = next;
+        if (kb + 1 < k_blocks) next = load_scales(kb + 1);
+        const int stage = issue(part_even);
+        wgmma::wait_group<0>();
+        release(stage);
+        promote(part_even, kb, sc);
+      }
+      return;
+    }
+    float part_odd[Cfg::kAccRegs];
+    int held = issue(part_even);
+    int kb = 0;
+    while (true) {
+      if (kb + 1 >= k_blocks) break;  // the last stage is in part_even
+      StageScales sc = load_scales(kb);
+      int next = issue(part_odd);
+      wgmma::wait_group<1>();
+      release(held);
+      promote(part_even, kb, sc);
+      held = next;
+      ++kb;
+      if (kb + 1 >= k_blocks) break;  // the last stage is in part_odd
+      sc = load_scales(kb);
+      next = issue(part_even);
+      wgmma::wait_group<1>();
+      release(held);
+      promote(part_odd, kb, sc);
+      held = next;
+      ++kb;
+    }
+    const StageScales last = load_scales(kb);
+    wgmma::wait_group<0>();
+    release(held);
+    if (kb % 2 == 0) {
+      promote(part_even, kb, last);
+    } else {
+      promote(part_odd, kb, last);
+    }
   }
 }
 

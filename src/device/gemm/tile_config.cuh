@@ -87,8 +87,10 @@ struct GemmTileConfig {
                              (kEpilogue == EpilogueKind::kPlain || kEpilogue == EpilogueKind::kSwiGLUQuantize)),
                 "a split-N tile is an FP8 64 x 256 tile, 128 weight rows a warpgroup: the plain one "
                 "(output columns n0 .. n0 + 255) or the gate/up one (128 gate + 128 up rows)");
-  static_assert(kSplitN || kEpilogue != EpilogueKind::kSwiGLUQuantize,
-                "the SwiGLU-quantize epilogue needs a split-N tile (one whole scale block of h per row)");
+  static_assert(kSplitN || kEpilogue != EpilogueKind::kSwiGLUQuantize ||
+                    (kBlockM == 128 && kBlockN == 256 && kElement == ElementType::kE4M3),
+                "the SwiGLU-quantize epilogue needs one whole scale block of h per row: a split-N tile, or the "
+                "wide 128 x 256 FP8 tile (128 gate + 128 up rows for each warpgroup's 64 rows)");
   static_assert(kBlockN == 128 || kBlockN == 256, "BN: a wgmma N this build wraps");
   static_assert(!kGateUp || kBlockN % 128 == 0,
                 "SwiGLU needs whole 64-column output slabs");

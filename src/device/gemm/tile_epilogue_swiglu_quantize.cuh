@@ -81,14 +81,16 @@ __device__ __forceinline__ bool swiglu_exchange(float (&acc)[Cfg::kAccRegs], flo
   return finisher;
 }
 
-// A finisher warp: its 16 rows of h (in `h`, the accumulator fragment), each
+// A finisher warp: its 16 rows of h (in `h`, an m64n128 accumulator fragment), each
 // row's 128 values quantized with the row's scale, through its staging, to
 // values[row * n + tile.n0 ..] and scales[row * (n / 128) + tile.n0 / 128].
+// `tile.row0` is the first row of the warp's warpgroup (the wide tile's
+// warpgroup 1: the tile's row 64).
 template <class Cfg>
-__device__ __forceinline__ void store_quantized_h_rows(const float (&h)[Cfg::kAccRegs], GemmSharedStorage<Cfg>& smem,
+__device__ __forceinline__ void store_quantized_h_rows(const float (&h)[64], GemmSharedStorage<Cfg>& smem,
                                                        int consumer, const GemmTile& tile, uint8_t* values,
                                                        uint8_t* scales, int n) {
-  constexpr int kRegs = Cfg::kAccRegs;
+  constexpr int kRegs = 64;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
   // Fragment: h[4j + 2hh + e] is row (warp * 16 + lane / 4 + 8 hh), column
@@ -158,6 +160,25 @@ __device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cf
   // tile writes it (with short K a warpgroup could otherwise finish its next
   // K loop first).
   named_barrier_sync(barrier_id, 256);
+}
+
+// The wide FP8 gate/up tile (128 x 256, rows split: mma_fp8_wide_tile):
+// each warpgroup holds the gate (acc[0, 64)) and the up (acc[64, 128))
+// columns of the same 64 rows, so every warp finishes its own 16 rows --
+// no hand-over between the warpgroups, no barrier between them.
+template <class Cfg>
+__device__ __forceinline__ void store_swiglu_quantize_wide_tile(const float (&acc)[Cfg::kAccRegs],
+                                                                GemmSharedStorage<Cfg>& smem, int consumer,
+                                                                const GemmTile& tile, uint8_t* values,
+                                                                uint8_t* scales, int n) {
+  static_assert(!Cfg::kSplitN && Cfg::kBlockM == 128 && Cfg::kAccRegs == 128,
+                "the wide FP8 gate/up tile: 64 rows x (128 gate + 128 up) columns a warpgroup");
+  float h[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) h[i] = silu_mul(acc[i], acc[64 + i]);
+  GemmTile rows = tile;
+  rows.row0 = tile.row0 + consumer * 64;
+  store_quantized_h_rows<Cfg>(h, smem, consumer, rows, values, scales, n);
 }
 
 }  // namespace mok::device

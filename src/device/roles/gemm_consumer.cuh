@@ -94,19 +94,25 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   const int32_t row0 = task.row0;
   if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUQuantize) {
     // The FP8 forward's gate/up: h quantized into the ring's e4m3 rows and
-    // their scales. The two warpgroups hand each other half their
-    // accumulators through the consumer warps' staging, in two rounds (the
-    // fused shared memory has no room for the grouped GEMM's 32 KB area).
+    // their scales. A split-N tile's two warpgroups hand each other half
+    // their accumulators through the consumer warps' staging, in two rounds
+    // (the fused shared memory has no room for the grouped GEMM's 32 KB area).
     static_assert(Spec::value.out == protocol::Tensor::kRingH);
-    static_assert(Cfg::kExchangeFloats / 2 * sizeof(float) == sizeof(storage.staging), "a round fills the staging");
     GemmTile tile;
     tile.group = task.expert;
     tile.row0 = row0;
     tile.row_end = row0 + task.real_rows;
     tile.n0 = col0;
-    store_swiglu_quantize_tile<Cfg, 2>(acc, storage, reinterpret_cast<float*>(&storage.staging[0][0]), consumer, tile,
-                                       reinterpret_cast<uint8_t*>(v.ring_h), ctx.params.fp8[ctx.rank].ring_h_scales,
-                                       n_cols, kBarrierFusedExchange);
+    uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_h);
+    uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_h_scales;
+    if constexpr (Cfg::kSplitN) {
+      static_assert(Cfg::kExchangeFloats / 2 * sizeof(float) == sizeof(storage.staging), "a round fills the staging");
+      store_swiglu_quantize_tile<Cfg, 2>(acc, storage, reinterpret_cast<float*>(&storage.staging[0][0]), consumer,
+                                         tile, values, scales, n_cols, kBarrierFusedExchange);
+    } else {
+      // The wide tile: each warpgroup has gate and up of its own rows.
+      store_swiglu_quantize_wide_tile<Cfg>(acc, storage, consumer, tile, values, scales, n_cols);
+    }
   } else if constexpr (Cfg::kEpilogue == EpilogueKind::kGateUpPreact) {
     // The recompute backward's gate/up: [gate | up] rounded once to bf16, as
     // the forward's training mode keeps it (the same K loop over the same
