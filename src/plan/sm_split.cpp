@@ -12,12 +12,13 @@ int default_dispatch_ctas(const LayerConfig& config, int ctas_per_rank) {
   const double bytes_per_flop = 2.0 * k / (6.0 * (static_cast<double>(config.intermediate) * k +
                                                   static_cast<double>(config.shared_width())));
   double dispatch_per_gemm_sm = bytes_per_flop * kGemmFlopPerCycle / kDispatchBytesPerCycle;
-  // FP8: the dispatch also quantizes each row it pulls (all lanes of the copy
-  // warps, bound by its arithmetic rather than its bytes: ~7 us a 7168-wide
-  // row a warp on an H200, docs/perf-notes.md q4), while the GEMMs run about
-  // twice the FLOP rate. A provisional factor until x is quantized on its
-  // home rank before the pull (docs/fp8-forward-design.md).
-  if (config.dtype == DType::kFP8E4M3) dispatch_per_gemm_sm *= 3.0;
+  // FP8: the dispatch also quantizes each row it pulls (three warps a row,
+  // bound by their arithmetic more than by the bytes), while the GEMMs run
+  // faster. Measured on the DeepSeek-V3 slice (one H200, docs/perf-notes.md
+  // q5): 6 dispatch CTAs kept the ring ahead and gave a faster pass than 10;
+  // this factor gives 6 there. Provisional until x is quantized on its home
+  // rank before the pull (docs/fp8-forward-design.md).
+  if (config.dtype == DType::kFP8E4M3) dispatch_per_gemm_sm *= 1.7;
   const double share = dispatch_per_gemm_sm / (1.0 + dispatch_per_gemm_sm);
   const int ctas = static_cast<int>(std::ceil(ctas_per_rank * share));
   return std::clamp(ctas, 1, ctas_per_rank - 1);

@@ -5,8 +5,8 @@
 // from it. Only the tiles and the rings' contents differ:
 //
 //   kind            tile                            A                       out
-//   shared gate/up  128 x 128 bf16, SwiGLU          x (bf16)                shared_h (bf16)
-//   shared down     128 x 128 bf16, plain           shared_h                shared_out (bf16)
+//   shared gate/up  128 x 256 bf16, SwiGLU          x (bf16)                shared_h (bf16)
+//   shared down     128 x 256 bf16, plain           shared_h                shared_out (bf16)
 //   gate/up         128 x 256 e4m3, wide,           x ring (e4m3, scales)   h ring: 128 h columns a tile,
 //                   SwiGLU, h quantized                                     e4m3, a ue8m0 scale per row
 //   down            128 x 256 e4m3, wide, plain     h ring (e4m3, scales)   home rows (bf16)
@@ -16,13 +16,13 @@
 // (gemm/fp8_mainloop.cuh, mma_fp8_wide_tile): each consumer warpgroup 64
 // rows against all 256 B rows, 128 accumulators and one partial sum a
 // thread; a stage moves 0.6x the L2 bytes per FLOP of the 64 x 256 split-N
-// tiles the first kernel ran (docs/perf-notes.md q5). The shared expert stays bf16 (issue 16), in 128 x 128
-// tiles (64 accumulators a consumer thread: with the bf16 forward's 128 x
-// 256 ones beside FP8 kinds that promote, ptxas spilled the promotion,
-// docs/perf-notes.md q4). Every kind's stages sit at the bf16 128 x 256
-// tile's 48 KB stride (the wide FP8 stage, 16 KB A + 32 KB B, is exactly
-// that; the 32 KB bf16 128 x 128 one is padded to it), so the fused
-// kernel's shared-memory layout is the bf16 forward's.
+// tiles the first kernel ran (docs/perf-notes.md q5). The shared expert
+// stays bf16 (issue 16), in the bf16 forward's own kinds and tiles (with
+// the split-N FP8 kinds, which promote two 64-register sums beside 64
+// accumulators, ptxas spilled the promotion next to them, q4; the wide
+// kinds hold 128 accumulators as these do). Every kind's stages are 48 KB
+// (the wide FP8 stage, 16 KB A + 32 KB B, and the bf16 128 x 256 x 64 one),
+// so the fused kernel's shared-memory layout is the bf16 forward's.
 //
 // The tensors are the bf16 forward's, in FP8 where the routed GEMMs read
 // them: kRingX holds the pulled x rows as e4m3 values plus one ue8m0 scale
@@ -45,8 +45,6 @@ namespace mok::protocol {
 
 inline constexpr GemmTileShape kFp8ForwardGateUpTile{128, 256, EpilogueKind::kSwiGLUQuantize, ElementType::kE4M3};
 inline constexpr GemmTileShape kFp8ForwardDownTile{128, 256, EpilogueKind::kPlain, ElementType::kE4M3};
-inline constexpr GemmTileShape kFp8ForwardSharedSwiGLUTile{128, 128, EpilogueKind::kSwiGLU};
-inline constexpr GemmTileShape kFp8ForwardSharedPlainTile{128, 128, EpilogueKind::kPlain};
 
 // Bytes of one pipeline stage of a tile: its A and B boxes, one 128-byte
 // swizzle row of K per row (GemmTileShape::block_k) whatever the element.
@@ -67,8 +65,8 @@ struct ForwardFp8Pass : ForwardPass {
   // Its rings hold block-scaled e4m3 rows: the dispatch quantizes what it pulls.
   static constexpr bool kFp8Rings = true;
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      with_tile(ForwardPass::kKinds[kSharedGateUp], kFp8ForwardSharedSwiGLUTile),
-      with_tile(ForwardPass::kKinds[kSharedDown], kFp8ForwardSharedPlainTile),
+      ForwardPass::kKinds[kSharedGateUp],
+      ForwardPass::kKinds[kSharedDown],
       with_tile(ForwardPass::kKinds[kGateUp], kFp8ForwardGateUpTile),
       with_tile(ForwardPass::kKinds[kDown], kFp8ForwardDownTile),
   };

@@ -507,14 +507,17 @@ TEST(PassTable, GeometryCountsTheLayersTiles) {
 }
 
 // The FP8 forward's first kernel's table: 64-row split-N routed tiles
-// beside 128-row bf16 shared-expert tiles. The FP8 forward now runs 128-row
+// beside 128-row bf16 shared-expert tiles (128 x 128). The FP8 forward now runs 128-row
 // tiles throughout, but a table whose heights differ stays expressible, and
 // its geometry is checked on this one.
 inline constexpr mok::GemmTileShape kSplitNGateUpTile{64, 256, mok::EpilogueKind::kSwiGLUQuantize, mok::ElementType::kE4M3};
 inline constexpr mok::GemmTileShape kSplitNDownTile{64, 256, mok::EpilogueKind::kPlain, mok::ElementType::kE4M3};
+inline constexpr mok::GemmTileShape kSharedSwiGLU128{128, 128, mok::EpilogueKind::kSwiGLU};
+inline constexpr mok::GemmTileShape kSharedPlain128{128, 128, mok::EpilogueKind::kPlain};
 struct SplitNFp8Pass : ForwardFp8Pass {
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
-      ForwardFp8Pass::kKinds[kSharedGateUp], ForwardFp8Pass::kKinds[kSharedDown],
+      with_tile(ForwardFp8Pass::kKinds[kSharedGateUp], kSharedSwiGLU128),
+      with_tile(ForwardFp8Pass::kKinds[kSharedDown], kSharedPlain128),
       with_tile(ForwardFp8Pass::kKinds[kGateUp], kSplitNGateUpTile),
       with_tile(ForwardFp8Pass::kKinds[kDown], kSplitNDownTile)};
 };
@@ -780,9 +783,10 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
   check_table_order(g);
 }
 
-// The FP8 forward's table: the same check, on geometries of schedules with
-// uneven and empty experts (each padded to the m-tile), and tokens in token
-// tiles twice the m-tile (none, less than one, a partial last one, whole ones).
+// The FP8 forward's table, and the two-height table of its first kernel: the
+// same check, on geometries of schedules with uneven and empty experts (each
+// padded to the m-tile), and (two heights) tokens in token tiles twice the
+// m-tile (none, less than one, a partial last one, whole ones).
 TEST(PassTable, Fp8ForwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
   constexpr int32_t kTileM = 4;
   for (int minibatch_tiles : {1, 2, 3}) {
@@ -794,8 +798,10 @@ TEST(PassTable, Fp8ForwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
             int32_t padded_rows = 0;
             for (int32_t rows : expert_rows) padded_rows += (rows + kTileM - 1) / kTileM * kTileM;
             PassShape shape{kTileM, kTileM * minibatch_tiles, ring_slots, lookahead, 512, 384, 256};
+            // The FP8 table itself (one height), then the two-height one.
+            check_table_order(pass_geometry<ForwardFp8Pass>(shape, tokens, padded_rows));
             shape.token_tile_m = 2 * kTileM;
-            const ForwardFp8Geometry g = pass_geometry<ForwardFp8Pass>(shape, tokens, padded_rows);
+            const PassGeometry<SplitNFp8Pass> g = pass_geometry<SplitNFp8Pass>(shape, tokens, padded_rows);
             SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " slots=" << ring_slots
                                             << " lookahead=" << lookahead << " experts=" << expert_rows.size()
                                             << " m_tiles=" << g.m_tiles() << " tokens=" << tokens);

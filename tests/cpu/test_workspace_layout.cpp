@@ -173,10 +173,13 @@ TEST(WorkspaceLayout, TheFp8TablesTilesAreWhatTheHostLaysOut) {
   // {128, 128}; w2: {128, 256} (elements, e4m3: bytes).
   EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingX), (OperandBoxes{128, 128, 128}));
   EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kRingH), (OperandBoxes{128, 128, 256}));
-  // The shared expert's: bf16 128 x 128 tiles, K 64 per box (gate/up: two
-  // boxes of 64 weight rows).
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 64}));
-  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kSharedH), (OperandBoxes{64, 128, 128}));
+  // The shared expert's: the bf16 forward's 128 x 256 tiles, K 64 per box
+  // (gate/up: two boxes of 128 weight rows).
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX),
+            mok::world::boxes_reading<ForwardPass>(Tensor::kX));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kSharedH),
+            mok::world::boxes_reading<ForwardPass>(Tensor::kSharedH));
+  EXPECT_EQ(mok::world::boxes_reading<ForwardFp8Pass>(Tensor::kX), (OperandBoxes{64, 128, 128}));
   EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kFP8E4M3), 1u);
   EXPECT_EQ(mok::world::routed_element_bytes(mok::DType::kBF16), 2u);
 }
@@ -308,14 +311,12 @@ TEST(WorkspaceLayout, TaskBoundRefusesPassesThatCouldReach2To31Tasks) {
   const int64_t shared = 3 * (1 + 1);  // 3 token tiles x (128/128 gate/up + 256/256 down)
   EXPECT_EQ(mok::world::most_tasks_per_pass(config, ring(256, 2, 1), kernel), shared + m_tiles * (1 + 1));
 
-  // fp8: the FP8 table's tasks, over 64-row routed m-tiles (the same n-tiles:
-  // 128 h columns per gate/up task, 256 y columns per down task).
+  // fp8: the FP8 table's tasks -- the bf16 forward's tiles in height and
+  // width (128-row m-tiles; 128 h columns per gate/up task, 256 y columns per
+  // down task), so the same count.
   auto fp8 = config;
   fp8.dtype = mok::DType::kFP8E4M3;
-  const int64_t fp8_m_tiles = ((310 * 2 + 4 * 63) + 63) / 64;
-  const int64_t fp8_tasks = mok::world::most_tasks_per_pass(fp8, ring(256, 2, 1), hopper_fp8_kernel());
-  EXPECT_GE(fp8_tasks, fp8_m_tiles * (1 + 1));
-  EXPECT_LE(fp8_tasks, fp8_m_tiles * (1 + 1) + 2 * shared);
+  EXPECT_EQ(mok::world::most_tasks_per_pass(fp8, ring(256, 2, 1), hopper_fp8_kernel()), shared + m_tiles * (1 + 1));
 }
 
 }  // namespace
