@@ -15,10 +15,10 @@ int default_dispatch_ctas(const LayerConfig& config, int ctas_per_rank) {
   // FP8: the dispatch also quantizes each row it pulls (three warps a row,
   // bound by their arithmetic more than by the bytes), while the GEMMs run
   // faster. Measured on the DeepSeek-V3 slice (one H200, docs/perf-notes.md
-  // q5): 6 dispatch CTAs kept the ring ahead and gave a faster pass than 10;
-  // this factor gives 6 there. Provisional until x is quantized on its home
-  // rank before the pull (docs/fp8-forward-design.md).
-  if (config.dtype == DType::kFP8E4M3) dispatch_per_gemm_sm *= 1.7;
+  // q5): 6, 7, 8 and 10 dispatch CTAs gave 5.55, 5.51, 5.48 and 5.73-5.95
+  // ms; this factor gives 8 there. Provisional until x is quantized on its
+  // home rank before the pull (docs/fp8-forward-design.md).
+  if (config.dtype == DType::kFP8E4M3) dispatch_per_gemm_sm *= 2.2;
   const double share = dispatch_per_gemm_sm / (1.0 + dispatch_per_gemm_sm);
   const int ctas = static_cast<int>(std::ceil(ctas_per_rank * share));
   return std::clamp(ctas, 1, ctas_per_rank - 1);
