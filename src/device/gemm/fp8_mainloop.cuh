@@ -46,6 +46,19 @@ struct Fp8Scales {
   int32_t up_rows;   // SwiGLU: N, where the up rows start in B (a tile's gate and up halves have a scale each)
 };
 
+// Four m64n128k32 e4m3 wgmma over one 128-deep stage into `part` (the
+// first overwriting it), committed as one group.
+__device__ __forceinline__ void issue_fp8_stage(float (&part)[64], uint64_t desc_a, uint64_t desc_b) {
+  wgmma::fence_operands(part);
+  wgmma::fence();
+#pragma unroll
+  for (int k = 0; k < 128 / 32; ++k) {
+    wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
+                               k > 0 ? 1u : 0u);
+  }
+  wgmma::commit_group();
+}
+
 // The wide FP8 tile's K loop (Cfg 128 x 256, rows split: warpgroup c its
 // 64 rows c * 64 ..): per stage, the 128 B rows of half 0 (the gate rows of
 // a gate/up tile, the first 128 weight rows of a plain one) into the
@@ -86,14 +99,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // 2h + e]: row half h, column chunk j.
   auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, int kb, float top, float low, int held) {
     constexpr int kH = decltype(half)::value;
-    wgmma::fence_operands(part);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
-      wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
-                                 k > 0 ? 1u : 0u);
-    }
-    wgmma::commit_group();
+    issue_fp8_stage(part, desc_a, desc_b);
     wgmma::wait_group<0>();
     wgmma::fence_operands(part);
     if constexpr (kH == 1) release(held);  // the stage's last reads are done
@@ -190,14 +196,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
       auto& stage = smem.stages[held];
       const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + (kSplitN ? 0 : consumer * 64 * Cfg::kRowBytes));
       const uint64_t desc_b = wgmma::smem_desc_k_sw128(stage.b + (kSplitN ? consumer * 128 * Cfg::kRowBytes : 0));
-      wgmma::fence_operands(part);
-      wgmma::fence();
-  #pragma unroll
-      for (int k = 0; k < Cfg::kBlockK / 32; ++k) {
-        wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
-                                   k > 0 ? 1u : 0u);
-      }
-      wgmma::commit_group();
+      issue_fp8_stage(part, desc_a, desc_b);
       wgmma::fence_operands(part);
       ring.advance();
       return held;
@@ -220,7 +219,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
     auto promote = [&](float(&part)[Cfg::kAccRegs], int kb, const StageScales& sc) {
       wgmma::fence_operands(part);
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < Cfg::kAccRegs; ++i) {
         const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
         const float s = ((i / 2) % 2) ? (up ? sc.low_up : sc.low) : (up ? sc.top_up : sc.top);
