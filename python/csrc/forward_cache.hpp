@@ -29,6 +29,7 @@ inline constexpr size_t kForwardCacheCapacity = 8;
 struct ForwardKey {
   std::vector<int> tokens_per_rank;
   int hidden = 0, intermediate = 0, num_experts = 0, top_k = 0, shared_width = 0;
+  int dtype = 0;  // mok::DType of the routed experts: bf16 and FP8 objects of one shape differ
   int device = 0;
   TuningValues tuning{};
   auto operator<=>(const ForwardKey&) const = default;

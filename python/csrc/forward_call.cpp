@@ -22,7 +22,8 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
                                     at::TensorList w13, at::TensorList w2,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                    at::IntArrayRef tuning) {
+                                    at::IntArrayRef tuning, at::ScalarType expert_dtype) {
+  const TensorSpec expert_weights{expert_dtype, 3, /*aligned=*/true};
   const int64_t R = static_cast<int64_t>(x.size());
   expect(R >= 1, "x must hold one tensor per rank (got an empty list)");
   expect(static_cast<int64_t>(expert_ids.size()) == R && static_cast<int64_t>(weights.size()) == R &&
@@ -36,7 +37,7 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
   expect_cuda(call.device, "x[0]");
   check_tensor(x[0], "x[0]", kActivations, call.device);
   check_tensor(expert_ids[0], "expert_ids[0]", kExpertIds, call.device);
-  check_tensor(w2[0], "w2[0]", kExpertWeights, call.device);
+  check_tensor(w2[0], "w2[0]", expert_weights, call.device);
   const int64_t H = x[0].size(1), k = expert_ids[0].size(1), I = w2[0].size(2), El = num_experts / R;
 
   mok::LayerConfig& config = call.config;
@@ -45,6 +46,7 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
   config.num_experts = checked_int(num_experts, "num_experts");
   config.top_k = checked_int(k, "k (expert_ids[0].size(1))");
   config.world_size = checked_int(R, "the world size (len(x))");
+  if (expert_dtype == at::kFloat8_e4m3fn) config.dtype = DType::kFP8E4M3;
 
   call.has_shared = shared_w13.has_value() && shared_w13->defined();
   expect(call.has_shared == (shared_w2.has_value() && shared_w2->defined()),
@@ -63,8 +65,8 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
     check_tensor(x[r], "x" + at, kActivations, call.device);
     check_tensor(expert_ids[r], "expert_ids" + at, kExpertIds, call.device);
     check_tensor(weights[r], "weights" + at, kRoutingWeights, call.device);
-    check_tensor(w13[r], "w13" + at, kExpertWeights, call.device);
-    check_tensor(w2[r], "w2" + at, kExpertWeights, call.device);
+    check_tensor(w13[r], "w13" + at, expert_weights, call.device);
+    check_tensor(w2[r], "w2" + at, expert_weights, call.device);
     const int64_t T = x[r].size(0);
     check_shape(x[r], "x" + at, {T, H}, "[T, H]");
     check_shape(expert_ids[r], "expert_ids" + at, {T, k}, "[T, k]");
@@ -86,6 +88,7 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
   key.num_experts = config.num_experts;
   key.top_k = config.top_k;
   key.shared_width = config.shared_width();
+  key.dtype = static_cast<int>(config.dtype);
   key.device = call.device.is_cuda() ? call.device.index() : -1;
   key.tuning = tuning_values(tuning);
   forward_options(key.tuning);  // refuses values that do not fit an int, before launch

@@ -24,12 +24,14 @@ struct ForwardCall {
 // Every check on the op's arguments that needs no GPU: devices, dtypes,
 // shapes, contiguity, alignment (real tensors only), values that must fit an
 // int. The library checks the rest (dims multiples of 64, E divisible by R,
-// option ranges) when it makes its object.
+// option ranges) when it makes its object. `expert_dtype`: the routed
+// weights' (bf16; float8_e4m3fn for the FP8 forward, whose layer is then an
+// fp8 one -- its scales are checked by fused_forward_fp8_ops.cpp).
 ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                     at::TensorList w13, at::TensorList w2,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                    at::IntArrayRef tuning);
+                                    at::IntArrayRef tuning, at::ScalarType expert_dtype = at::kBFloat16);
 
 // MOK_TOKEN_BUCKET: 0 or unset (default), each distinct token count gets its
 // own object (and workspace); N > 0, a rank's count rounded up to a multiple

@@ -228,6 +228,30 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     return torch.ops.mok.fused_forward(*args)
 
 
+def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
+                      num_experts: int, check_errors: bool = False, **tuning):
+    """The fused FP8 MoE layer forward (one persistent kernel; issue 16's
+    recipe): mok.fused_forward's arguments, with the routed experts' weights
+    block-scaled FP8 -- w13[r] and w2[r] are mok.QuantizedWeights of rank r's
+    [E/R, 2I, H] and [E/R, H, I] weights (mok.quantize_weights: e4m3 values,
+    one UE8M0 scale per 128 x 128 block). x, the shared expert and the output
+    stay bf16: the kernel quantizes each x row as it pulls it (1 x 128 blocks)
+    and h in the gate/up epilogue, and accumulates in fp32, promoting every
+    128 of K. H must be a multiple of 256 and I of 128. Results are bitwise
+    identical for any R, minibatch, ring size or SM split. Forward only:
+    backward raises (no FP8 backward yet). Keyword tuning options as
+    mok.fused_forward's, taken as given (the tuning cache holds bf16 entries
+    only); minibatch_rows must be a multiple of 128."""
+    w13, w2 = list(w13), list(w2)
+    for name, q in (("w13", w13), ("w2", w2)):
+        if not all(isinstance(part, QuantizedWeights) for part in q):
+            raise TypeError(f"mok.fused_forward_fp8: {name} must hold one mok.QuantizedWeights per rank "
+                            f"(mok.quantize_weights of that rank's weights)")
+    return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), [q.values for q in w13],
+                                           [q.scales for q in w13], [q.values for q in w2], [q.scales for q in w2],
+                                           shared_w13, shared_w2, num_experts, tuning_list(tuning), check_errors)
+
+
 def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):
     from . import tuning_source
     try:
@@ -260,7 +284,7 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
             torch.tensor([int(c) for c in counts], dtype=torch.int32, device=device))
 
 
-__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "grouped_mm", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_kn",
+__all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "fused_forward_fp8", "grouped_mm", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_kn",
            "grouped_mm_swiglu", "quantize_rows", "quantize_weights",
            "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 

@@ -16,7 +16,7 @@
                      staged backward in recompute mode (it recomputes its own
                      schedule too).
   grouped_mm         da = grouped_mm_kn(dout, b), db = weight_grad_mm(dout, a).
-  grouped_mm_swiglu, process_world_run
+  grouped_mm_swiglu, process_world_run, fused_forward_fp8
                      no backward of their own: backward raises a clear error
                      instead of leaving gradients silently None. (The process
                      world's layer, mok.distributed.FusedMoEWorld, has one:
@@ -67,12 +67,23 @@ BACKWARD_UNAVAILABLE = (
     "require grad (detach them, or run it under torch.no_grad()), or use a torch implementation of the layer "
     "for training until the fused backward lands.")
 
+FP8_BACKWARD_UNAVAILABLE = (
+    "mok: {op} has no backward yet (the FP8 backward is not built; only the bf16 layer trains). Call it on "
+    "tensors that do not require grad (detach them, or run it under torch.no_grad()), or train with "
+    "mok.fused_forward.")
+
 NO_DOUBLE_BACKWARD = "mok: {op}'s backward has no backward of its own (create_graph=True is not supported)"
 
 
 def _backward_unavailable(op_name: str):
     def backward(ctx, *grads):
         raise NotImplementedError(BACKWARD_UNAVAILABLE.format(op=op_name))
+    return backward
+
+
+def _fp8_backward_unavailable(op_name: str):
+    def backward(ctx, *grads):
+        raise NotImplementedError(FP8_BACKWARD_UNAVAILABLE.format(op=op_name))
     return backward
 
 
@@ -342,4 +353,7 @@ def register() -> None:
     torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_context=_setup_grouped_mm)
     for name in ("grouped_mm_swiglu", "process_world_run"):
         torch.library.register_autograd("mok::" + name, _backward_unavailable("mok." + name),
+                                        setup_context=_save_nothing)
+    if hasattr(torch.ops.mok, "fused_forward_fp8"):  # a library built before the op lacks it
+        torch.library.register_autograd("mok::fused_forward_fp8", _fp8_backward_unavailable("mok.fused_forward_fp8"),
                                         setup_context=_save_nothing)
