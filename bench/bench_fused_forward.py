@@ -83,9 +83,8 @@ def make_layer(T, H, I, E, k, shared, skew=False, seed=0):
 
 
 def torch_native(x, ids, w, w13, w2, sw13, sw2):
-    T, k = ids.shape
-    E, two_i, H = w13.shape
-    I = two_i // 2
+    k = ids.shape[1]
+    E, I = w13.shape[0], w13.shape[1] // 2
     flat = ids.reshape(-1)
     order = torch.sort(flat, stable=True).indices
     xs = x[order // k]
@@ -93,11 +92,21 @@ def torch_native(x, ids, w, w13, w2, sw13, sw2):
     gu = torch._grouped_mm(xs, w13.transpose(-2, -1), offs=offs)
     h = F.silu(gu[:, :I]) * gu[:, I:]
     y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+    return combine_slots(y, order, x, w, sw13, sw2)
+
+
+def combine_slots(y, order, x, w, sw13, sw2):
+    """The torch-native pipeline's end: the expert rows y (in `order`, sorted
+    by expert) back to their (token, slot), the fp32 weighted sum over the k
+    slots, plus the shared expert as dense bf16 matmuls."""
+    T, k = w.shape
+    H = x.shape[1]
     y_slots = torch.empty_like(y)
     y_slots[order] = y
     out = (y_slots.view(T, k, H).float() * w.unsqueeze(-1)).sum(1)
     if sw13 is not None:
-        s = F.silu(x @ sw13[:I].t()) * (x @ sw13[I:].t())
+        S = sw2.shape[1]
+        s = F.silu(x @ sw13[:S].t()) * (x @ sw13[S:].t())
         out = out + (s @ sw2.t()).float()
     return out.bfloat16()
 
@@ -113,13 +122,20 @@ def fused(R, layer, check=False, **tuning):
     return fn
 
 
-def main():
+def start(quick_help):
+    """A benchmark's start: its --quick flag parsed, the seed fixed, the dense
+    bf16 peak measured and printed with the device. Returns (args, peak)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     args = parser.parse_args()
     torch.manual_seed(0)
     peak = dense_peak_tflops()
     print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
+    return args, peak
+
+
+def main():
+    args, peak = start("fewer shapes and iterations")
 
     shapes = SHAPES[:1] if args.quick else SHAPES
     rows = []

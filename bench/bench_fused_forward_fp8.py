@@ -23,7 +23,6 @@ usage: python3 bench/bench_fused_forward_fp8.py [--quick]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
-from bench_fused_forward import SHAPES, dense_peak_tflops, make_layer, torch_native  # noqa: E402
+from bench_fused_forward import SHAPES, combine_slots, make_layer, start, torch_native  # noqa: E402
 from bench_timing import event_ms  # noqa: E402
 
 E4M3_MAX = 448.0
@@ -80,9 +79,8 @@ def rowwise(a):
 def native_fp8_pipeline(layer):
     """The torch-native pipeline with rowwise FP8 routed GEMMs; returns fn()."""
     x, ids, w, w13, w2, sw13, sw2 = layer
-    T, k = ids.shape
-    E, two_i, H = w13.shape
-    I = two_i // 2
+    k = ids.shape[1]
+    E, I = w13.shape[0], w13.shape[1] // 2
     q13, s13 = rowwise(w13)  # [E, 2I, H], scale per (expert, output channel)
     q2, s2 = rowwise(w2)     # [E, H, I]
 
@@ -96,13 +94,7 @@ def native_fp8_pipeline(layer):
         h, h_scale = rowwise(F.silu(gu[:, :I]) * gu[:, I:])
         y = torch._scaled_grouped_mm(h, q2.transpose(-2, -1), h_scale, s2, offs=offs, out_dtype=torch.bfloat16,
                                      use_fast_accum=True)
-        y_slots = torch.empty_like(y)
-        y_slots[order] = y
-        out = (y_slots.view(T, k, H).float() * w.unsqueeze(-1)).sum(1)
-        if sw13 is not None:
-            s = F.silu(x @ sw13[:I].t()) * (x @ sw13[I:].t())
-            out = out + (s @ sw2.t()).float()
-        return out.bfloat16()
+        return combine_slots(y, order, x, w, sw13, sw2)
     return fn
 
 
@@ -124,12 +116,7 @@ def rel(a, b):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3 slice only")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    peak = dense_peak_tflops()
-    print(f"device: {torch.cuda.get_device_name()}, dense bf16 peak measured: {peak:.0f} TFLOP/s", flush=True)
+    args, _ = start("the DeepSeek-V3 slice only")  # prints the device and the dense bf16 peak
     names = ["native bf16", "native fp8", "mok bf16", "mok fp8"]
     rows = []
     for name, T, H, I, E, k, shared in (SHAPES[:1] if args.quick else SHAPES):

@@ -1,6 +1,9 @@
 #include "forward_call.hpp"
 
+#include <c10/cuda/CUDAStream.h>
+
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "forward_tensors.hpp"
@@ -8,6 +11,35 @@
 #include "tuning_options.hpp"
 
 namespace mok::torch_ops {
+
+std::vector<at::Tensor> outputs_like(at::TensorList x) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : x) out.push_back(at::empty_like(t));
+  return out;
+}
+
+std::vector<RankTensors> rank_tensor_list(const ForwardCall& call, at::TensorList x, at::TensorList expert_ids,
+                                          at::TensorList weights, at::TensorList w13, at::TensorList w2,
+                                          const std::optional<at::Tensor>& shared_w13,
+                                          const std::optional<at::Tensor>& shared_w2, std::vector<at::Tensor>& out) {
+  std::vector<RankTensors> tensors;
+  for (size_t r = 0; r < x.size(); ++r) {
+    tensors.push_back(rank_tensors(x[r], expert_ids[r], weights[r], w13[r], w2[r], shared_w13, shared_w2,
+                                   call.has_shared, out[r]));
+    tensors.back().tokens = call.tokens[r];
+  }
+  return tensors;
+}
+
+void run_cached_forward(const ForwardCall& call, const std::vector<RankTensors>& tensors, bool check_errors) {
+  raising_torch_errors([&] {
+    auto cached = cached_forward(call.key, call.config);
+    auto stream = c10::cuda::getCurrentCUDAStream(call.device.index()).stream();
+    const std::lock_guard<std::mutex> lock(cached->mutex);
+    cached->forward->run(tensors, stream);
+    if (check_errors) cached->forward->check(stream);
+  });
+}
 
 int token_bucket() {
   static const int bucket = [] {

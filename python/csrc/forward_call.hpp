@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "forward_cache.hpp"
+#include "mok/fused_forward.hpp"
 #include "mok/layer_config.hpp"
 
 namespace mok::torch_ops {
@@ -32,6 +33,21 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
                                     at::IntArrayRef tuning, at::ScalarType expert_dtype = at::kBFloat16);
+
+// One output per rank, shaped and typed as that rank's x (uninitialized).
+std::vector<at::Tensor> outputs_like(at::TensorList x);
+
+// The library's per-rank tensors of a checked call (RankTensors::tokens set
+// to this call's counts), writing to `out`.
+std::vector<RankTensors> rank_tensor_list(const ForwardCall& call, at::TensorList x, at::TensorList expert_ids,
+                                          at::TensorList weights, at::TensorList w13, at::TensorList w2,
+                                          const std::optional<at::Tensor>& shared_w13,
+                                          const std::optional<at::Tensor>& shared_w2, std::vector<at::Tensor>& out);
+
+// Runs the call's cached FusedForward on `tensors` on the current stream
+// (one pass at a time per object); check_errors synchronises and raises on a
+// stalled pass or a bad routing entry.
+void run_cached_forward(const ForwardCall& call, const std::vector<RankTensors>& tensors, bool check_errors);
 
 // MOK_TOKEN_BUCKET: 0 or unset (default), each distinct token count gets its
 // own object (and workspace); N > 0, a rank's count rounded up to a multiple

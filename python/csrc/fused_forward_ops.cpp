@@ -5,7 +5,6 @@
 // a message). Errors follow op_errors.hpp.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -21,13 +20,8 @@
 
 namespace {
 
+using mok::torch_ops::outputs_like;
 using mok::torch_ops::check_forward_arguments;
-
-std::vector<at::Tensor> outputs_like(at::TensorList x) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : x) out.push_back(at::empty_like(t));
-  return out;
-}
 
 std::vector<at::Tensor> fused_forward_cuda(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                            at::TensorList w13, at::TensorList w2,
@@ -38,19 +32,9 @@ std::vector<at::Tensor> fused_forward_cuda(at::TensorList x, at::TensorList expe
       check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning);
   const c10::cuda::CUDAGuard guard(call.device);
   std::vector<at::Tensor> out = outputs_like(x);
-  std::vector<mok::RankTensors> tensors;
-  for (size_t r = 0; r < x.size(); ++r) {
-    tensors.push_back(mok::torch_ops::rank_tensors(x[r], expert_ids[r], weights[r], w13[r], w2[r], shared_w13,
-                                                   shared_w2, call.has_shared, out[r]));
-    tensors.back().tokens = call.tokens[r];
-  }
-  mok::torch_ops::raising_torch_errors([&] {
-    auto cached = mok::torch_ops::cached_forward(call.key, call.config);
-    auto stream = c10::cuda::getCurrentCUDAStream(call.device.index()).stream();
-    const std::lock_guard<std::mutex> lock(cached->mutex);
-    cached->forward->run(tensors, stream);
-    if (check_errors) cached->forward->check(stream);
-  });
+  const std::vector<mok::RankTensors> tensors =
+      mok::torch_ops::rank_tensor_list(call, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, out);
+  mok::torch_ops::run_cached_forward(call, tensors, check_errors);
   return out;
 }
 
