@@ -241,15 +241,36 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
     identical for any R, minibatch, ring size or SM split. Forward only:
     backward raises (no FP8 backward yet). Keyword tuning options as
     mok.fused_forward's, taken as given (the tuning cache holds bf16 entries
-    only); minibatch_rows must be a multiple of 128."""
+    only); minibatch_rows must be a multiple of 128. check_errors=True also
+    checks the weights' bytes first (a pass over them, and a synchronisation):
+    a NaN e4m3 value or a scale byte of 255 (NaN in UE8M0), which
+    mok.quantize_weights never writes, raises ValueError naming the rank and
+    the element; unchecked, they reach the outputs as NaN or infinity."""
     w13, w2 = list(w13), list(w2)
     for name, q in (("w13", w13), ("w2", w2)):
         if not all(isinstance(part, QuantizedWeights) for part in q):
             raise TypeError(f"mok.fused_forward_fp8: {name} must hold one mok.QuantizedWeights per rank "
                             f"(mok.quantize_weights of that rank's weights)")
+        if check_errors:
+            for r, part in enumerate(q):
+                _check_fp8_weight_bytes(part, f"{name}[{r}]")
     return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), [q.values for q in w13],
                                            [q.scales for q in w13], [q.values for q in w2], [q.scales for q in w2],
                                            shared_w13, shared_w2, num_experts, tuning_list(tuning), check_errors)
+
+
+def _check_fp8_weight_bytes(q, name):
+    """Raises ValueError on a NaN e4m3 value (0x7F / 0xFF) or a NaN scale
+    byte (255) of one rank's quantized weights."""
+    if q.scales.dtype == torch.uint8:
+        bad = torch.nonzero(q.scales == 255)
+        if bad.numel():
+            raise ValueError(f"mok.fused_forward_fp8: {name}.scales{bad[0].tolist()} is 255 (NaN in UE8M0); "
+                             f"scales are bytes e + 127 of powers of two 2^e, as mok.quantize_weights writes them")
+    if q.values.dtype == torch.float8_e4m3fn:
+        bad = torch.nonzero((q.values.view(torch.uint8) & 0x7F) == 0x7F)
+        if bad.numel():
+            raise ValueError(f"mok.fused_forward_fp8: {name}.values{bad[0].tolist()} is NaN")
 
 
 def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):

@@ -78,6 +78,21 @@ def test_the_wrapper_asks_for_quantized_weights():
         mok.fused_forward_fp8(xs, ids, ws, w13, w2, sw13, sw2, num_experts=E)
 
 
+def test_check_errors_refuses_nan_scales_and_values_naming_them():
+    layer = random_global_layer(T, H, I, E, K, S, seed=4)
+    xs, ids, ws, q13, q2, sw13, sw2 = _quantized_world(layer, 1, "cpu")
+    scales = q2[0].scales.clone()
+    scales[3, 1, 0] = 255
+    with pytest.raises(ValueError, match=r"w2\[0\].scales\[3, 1, 0\] is 255 \(NaN in UE8M0\)"):
+        mok.fused_forward_fp8(xs, ids, ws, q13, [q2[0]._replace(scales=scales)], sw13, sw2, num_experts=E,
+                              check_errors=True)
+    values = q13[0].values.clone()
+    values.view(torch.uint8)[5, 7, 9] = 0xFF
+    with pytest.raises(ValueError, match=r"w13\[0\].values\[5, 7, 9\] is NaN"):
+        mok.fused_forward_fp8(xs, ids, ws, [q13[0]._replace(values=values)], q2, sw13, sw2, num_experts=E,
+                              check_errors=True)
+
+
 def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
