@@ -71,6 +71,34 @@ def test_fake_tensors_reach_the_argument_checks():
             torch.ops.mok.fused_forward_fp8(*bad)
 
 
+def test_compile_fullgraph_traces_it_without_a_graph_break():
+    # Meta tensors stand in for CUDA ones (the Meta kernel runs the same checks).
+    f8, u8, bf = torch.float8_e4m3fn, torch.uint8, torch.bfloat16
+    x = [torch.empty(T, H, dtype=bf, device="meta")]
+    ids = [torch.empty(T, K, dtype=torch.int32, device="meta")]
+    ws = [torch.empty(T, K, dtype=torch.float32, device="meta")]
+    q13 = [mok.QuantizedWeights(torch.empty(E, 2 * I, H, dtype=f8, device="meta"),
+                                torch.empty(E, 2 * I // 128, H // 128, dtype=u8, device="meta"), None, None)]
+    q2 = [mok.QuantizedWeights(torch.empty(E, H, I, dtype=f8, device="meta"),
+                               torch.empty(E, H // 128, I // 128, dtype=u8, device="meta"), None, None)]
+    sw13 = torch.empty(2 * S, H, dtype=bf, device="meta")
+    sw2 = torch.empty(H, S, dtype=bf, device="meta")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(x, ids, ws, q13, q2, sw13, sw2):
+        return mok.fused_forward_fp8(x, ids, ws, q13, q2, sw13, sw2, num_experts=E, ring_slots=2)[0] * 2
+
+    out = torch.compile(layer, fullgraph=True, backend=backend)(x, ids, ws, q13, q2, sw13, sw2)
+    assert out.shape == (T, H) and out.dtype == bf
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("mok.fused_forward_fp8" in t for t in targets), targets
+
+
 def test_the_wrapper_asks_for_quantized_weights():
     layer = random_global_layer(T, H, I, E, K, S, seed=3)
     xs, ids, ws, w13, w2, sw13, sw2 = split_world(layer, 1)
