@@ -15,6 +15,13 @@ is looked for), which registers:
                               shared_w2, num_experts, tuning, check_errors) -> out
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
+  torch.ops.mok.fused_forward_fp8(x, expert_ids, weights, w13, w13_scales, w2,
+                                  w2_scales, shared_w13, shared_w2, num_experts,
+                                  tuning, check_errors) -> out
+      The fused FP8 forward (block-scaled e4m3 routed experts: values
+      float8_e4m3fn and UE8M0 scales uint8 from mok.quantize_weights; x,
+      the shared expert and out bf16); see fused_forward_fp8() below. No
+      backward (it raises).
   torch.ops.mok.fused_forward_train(...same..., keep_preact=True)
       -> (out, preact, shared_preact, expert_rows, expert_offset, schedule_rows)
       The same forward in training mode: also keeps, per rank, the gate/up
@@ -69,7 +76,8 @@ Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
 traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
 (fused_forward with MOK_BACKWARD=fused on CUDA: the fused backward kernel;
-otherwise staged: separate kernels); grouped_mm_swiglu's backward raises. K
+otherwise staged: separate kernels); grouped_mm_swiglu's and
+fused_forward_fp8's backward raise. K
 and N must be multiples of 64.
 """
 
