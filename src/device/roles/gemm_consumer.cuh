@@ -157,6 +157,23 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
   }
 }
 
+// The next task from the producer (every consumer thread), with the slot
+// (and its resolved rows) that stays the consumers' until the epilogue is
+// done, and that slot's phase.
+struct TakenTask {
+  GemmTask task;
+  int slot;
+  uint32_t phase;
+};
+template <class OnStall>
+__device__ __forceinline__ TakenTask take_task(FusedGemmShared& smem, SlotCursor<kTaskSlots>& tasks,
+                                               const OnStall& on_stall) {
+  mbarrier_wait_parity(&smem.task_full[tasks.slot], tasks.phase, on_stall);
+  const TakenTask taken{smem.tasks[tasks.slot], tasks.slot, tasks.phase};
+  tasks.advance();
+  return taken;
+}
+
 // The end of the task list (every consumer thread): its slot back to the
 // producer, and the list's end to the signaler, after every earlier task.
 template <class OnStall>
@@ -228,12 +245,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
 
   for (;;) {
-    mbarrier_wait_parity(&smem.task_full[tasks.slot], tasks.phase, on_stall);
-    const GemmTask task = smem.tasks[tasks.slot];
-    // The slot (and its resolved rows) stays ours until the epilogue is done.
-    const int task_slot = tasks.slot;
-    const uint32_t task_phase = tasks.phase;
-    tasks.advance();
+    const auto [task, task_slot, task_phase] = take_task(smem, tasks, on_stall);
     if (task.kind == protocol::kNoTask) {
       // The last weight-gradient tile's writes complete before the consumers
       // leave the GEMM work (and the CTA, its shared memory).

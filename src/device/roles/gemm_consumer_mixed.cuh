@@ -56,11 +56,7 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
 
   for (;;) {
-    mbarrier_wait_parity(&smem.task_full[tasks.slot], tasks.phase, on_stall);
-    const GemmTask task = smem.tasks[tasks.slot];
-    const int task_slot = tasks.slot;
-    const uint32_t task_phase = tasks.phase;
-    tasks.advance();
+    const auto [task, task_slot, task_phase] = take_task(smem, tasks, on_stall);
     if (task.kind == protocol::kNoTask) {
       end_task_list(smem, consumer, task, task_slot, done, on_stall);
       return;
