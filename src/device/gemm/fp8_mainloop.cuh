@@ -97,8 +97,13 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // One half of a stage: four m64n128k32 into `part` (the first
   // overwriting), waited for, then promoted into acc[half * 64 ..]. d[4j +
   // 2h + e]: row half h, column chunk j.
-  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, int kb, float top, float low, int held) {
+  // `first`: stage 0, whose promotion overwrites acc (a multiply) where the
+  // later ones accumulate (a fused multiply-add). A compile-time flag, not
+  // `kb == 0`: with a run-time test ptxas issued both instructions, one of
+  // them predicated off, for every accumulator of every stage.
+  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, auto first, float top, float low, int held) {
     constexpr int kH = decltype(half)::value;
+    constexpr bool kFirst = decltype(first)::value;
     issue_fp8_stage(part, desc_a, desc_b);
     wgmma::wait_group<0>();
     wgmma::fence_operands(part);
@@ -106,24 +111,32 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
 #pragma unroll
     for (int i = 0; i < kHalf; ++i) {
       const float s = ((i / 2) % 2) ? low : top;
-      acc[kH * kHalf + i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
+      acc[kH * kHalf + i] = kFirst ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
     }
   };
-  // The scales one stage ahead (their L2 latency off the promotion's path).
-  StageScales next = load_scales(0);
-  const int k_blocks = scales.k_blocks;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const StageScales sc = next;
-    if (kb + 1 < k_blocks) next = load_scales(kb + 1);
+  // One stage: both halves.
+  auto stage_step = [&](const StageScales& sc, auto first) {
     ring.consumer_wait(on_stall);
     const int held = ring.stage;
     auto& stage = smem.stages[held];
     ring.advance();
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
-    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, kb, sc.top0, sc.low0,
-               held);
+    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, first, sc.top0,
+               sc.low0, held);
     half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b + 128 * Cfg::kRowBytes), std::integral_constant<int, 1>{},
-               kb, sc.top1, sc.low1, held);
+               first, sc.top1, sc.low1, held);
+  };
+  // The scales one stage ahead (their L2 latency off the promotion's path).
+  const int k_blocks = scales.k_blocks;
+  StageScales next = load_scales(0);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const StageScales sc = next;
+    if (kb + 1 < k_blocks) next = load_scales(kb + 1);
+    if (kb == 0) {
+      stage_step(sc, std::true_type{});
+    } else {
+      stage_step(sc, std::false_type{});
+    }
   }
 }
 
