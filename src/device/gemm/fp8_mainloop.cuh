@@ -10,7 +10,9 @@
 // m64n128k32 wgmma, in order, the first overwriting), then
 //   acc = part * (sa * sb)                 first stage
 //   acc = fma_rn(part, sa * sb, acc)       later stages
-// sa * sb is an exact power of two, so the rescaling rounds nothing. The same
+// (computed as the fma from acc = -0.0 for the first stage too: the same bits,
+// start_promotions). sa * sb is an exact power of two, so the rescaling
+// rounds nothing. The same
 // sequence for every element whatever the tile's place or the grid.
 //
 // Two partial sums take turns: stage kb + 1's wgmma run on the tensor cores
@@ -45,6 +47,19 @@ struct Fp8Scales {
   int32_t m_total;
   int32_t up_rows;   // SwiGLU: N, where the up rows start in B (a tile's gate and up halves have a scale each)
 };
+
+// acc before a tile's first promotion: -0.0 in every element, so that every
+// promotion can be the same fused multiply-add, fma(part, s, acc). For the
+// first one, fma(part, s, -0.0) is the product rounded once -- what a
+// multiply gives, bit for bit, the sign of a zero product included (x + -0
+// is x for every x, +0 too). A first promotion chosen at run time
+// (`kb == 0 ? multiply : fma`) made ptxas issue both instructions for every
+// accumulator of every stage, one of them predicated off.
+template <int kCount>
+__device__ __forceinline__ void start_promotions(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) acc[i] = -0.0f;
+}
 
 // Four m64n128k32 e4m3 wgmma over one 128-deep stage into `part` (the
 // first overwriting it), committed as one group.
@@ -97,7 +112,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // One half of a stage: four m64n128k32 into `part` (the first
   // overwriting), waited for, then promoted into acc[half * 64 ..]. d[4j +
   // 2h + e]: row half h, column chunk j.
-  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, int kb, float top, float low, int held) {
+  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, float top, float low, int held) {
     constexpr int kH = decltype(half)::value;
     issue_fp8_stage(part, desc_a, desc_b);
     wgmma::wait_group<0>();
@@ -106,9 +121,10 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
 #pragma unroll
     for (int i = 0; i < kHalf; ++i) {
       const float s = ((i / 2) % 2) ? low : top;
-      acc[kH * kHalf + i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
+      acc[kH * kHalf + i] = __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
     }
   };
+  start_promotions(acc);
   // The scales one stage ahead (their L2 latency off the promotion's path).
   StageScales next = load_scales(0);
   const int k_blocks = scales.k_blocks;
@@ -120,10 +136,9 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     auto& stage = smem.stages[held];
     ring.advance();
     const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
-    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, kb, sc.top0, sc.low0,
-               held);
+    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, sc.top0, sc.low0, held);
     half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b + 128 * Cfg::kRowBytes), std::integral_constant<int, 1>{},
-               kb, sc.top1, sc.low1, held);
+               sc.top1, sc.low1, held);
   }
 }
 
@@ -217,15 +232,16 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     };
     // Adds stage kb's retired partial sum into acc. d[4j + 2h + e]: row half
     // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
-    auto promote = [&](float(&part)[Cfg::kAccRegs], int kb, const StageScales& sc) {
+    auto promote = [&](float(&part)[Cfg::kAccRegs], int /*kb*/, const StageScales& sc) {
       wgmma::fence_operands(part);
 #pragma unroll
       for (int i = 0; i < Cfg::kAccRegs; ++i) {
         const bool up = kSwiGLU && i >= Cfg::kAccRegs / 2;
         const float s = ((i / 2) % 2) ? (up ? sc.low_up : sc.low) : (up ? sc.top_up : sc.top);
-        acc[i] = kb == 0 ? __fmul_rn(part[i], s) : __fmaf_rn(part[i], s, acc[i]);
+        acc[i] = __fmaf_rn(part[i], s, acc[i]);
       }
     };
+    start_promotions(acc);
     // Stage kb is in flight in part_even (kb even) or part_odd (kb odd) when
     // the loop reaches it; the next one is issued before kb is waited for. No
     // wgmma or wait sits in a conditional branch: ptxas serializes every wgmma

@@ -94,6 +94,13 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
           tile.n0 = task.n_tile * Cfg::kOutCols;
           mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall);
         } else {
+          // acc defined before its wgmma chain starts (their first overwrites
+          // it, so the values do not matter): left undefined here, ptxas found
+          // "non-wgmma instructions defining accumulator registers" inside the
+          // chain and serialised every wgmma of the kernel, the FP8 kinds'
+          // too (C7515; a wait after each of them).
+#pragma unroll
+          for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.0f;
           mma_tile<Cfg>(storage, ring, consumer, k / Cfg::kBlockK, acc, on_stall);
         }
       }
