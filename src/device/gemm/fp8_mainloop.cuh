@@ -74,26 +74,45 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[64], uint64_t desc
   wgmma::commit_group();
 }
 
+// Four m64n64k32 e4m3 wgmma over one 128-deep stage into `part` (the first
+// overwriting it), committed as one group.
+__device__ __forceinline__ void issue_fp8_quarter(float (&part)[32], uint64_t desc_a, uint64_t desc_b) {
+  wgmma::fence_operands(part);
+  wgmma::fence();
+#pragma unroll
+  for (int k = 0; k < 128 / 32; ++k) {
+    wgmma::mma_m64n64k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
+                              k > 0 ? 1u : 0u);
+  }
+  wgmma::commit_group();
+  wgmma::fence_operands(part);
+}
+
 // The wide FP8 tile's K loop (Cfg 128 x 256, rows split: warpgroup c its
-// 64 rows c * 64 ..): per stage, the 128 B rows of half 0 (the gate rows of
-// a gate/up tile, the first 128 weight rows of a plain one) into the
-// partial sum, promoted into acc[0, 64); then half 1's into the same
-// partial, promoted into acc[64, 128). So acc has the layout of an m64n256
-// accumulator (column chunk j = 0..31 at acc[4j ..]) and a warpgroup holds
-// 128 accumulators and one 64-register partial: the 232 registers a
-// consumer gets fit them, where two partials beside 128 accumulators would
-// not. While one warpgroup promotes, the other's wgmma keep the tensor cores
-// busy. Per stage it reads 48 KB (16 KB of A, 32 of B) for 8.4 MFLOP of
-// tensor work: 0.6x the L2 bytes per FLOP of the 64 x 256 split-N tile.
-// `b_half0` / `b_half1`: the halves' B scale rows (offsets, times k_blocks);
-// the promotion per element is the other tiles' (the same bits).
+// 64 rows c * 64 ..). A warpgroup holds 128 accumulators (the layout of an
+// m64n256 one: column chunk j = 0..31 at acc[4j ..]) and two 32-register
+// partial sums, which the stage's four 64-column quarters of B take in
+// turns: quarter q + 1's wgmma run while quarter q's partial is promoted
+// into acc[32q ..], so a warpgroup's own tensor work does not stop for its
+// promotions (with one 64-column-half partial it did, and the two
+// warpgroups, released by the same stage barrier, promoted at the same
+// moments: the tensor cores ~58% busy, perf-notes q8). The next stage's first
+// quarter is issued before this stage's last is promoted. Quarters 0, 1
+// are half 0 of B (the gate rows of a gate/up tile, the first 128 weight
+// rows of a plain one), quarters 2, 3 half 1, each half with its own B scale.
+// Per element the same K order inside a stage and the same promotion as
+// every other tile: the same bits. Per stage it reads 48 KB from L2 (16 KB
+// of A, 32 of B) for 8.4 MFLOP of tensor work. No wgmma or wait sits in a
+// conditional branch (ptxas would serialise them all): the last stage is
+// peeled. `b_half0` / `b_half1`: the halves' B scale rows (offsets, times
+// k_blocks).
 template <class Cfg, bool kAScalesOfThisPass, class Release, class OnStall>
 __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                                   int consumer, float (&acc)[Cfg::kAccRegs], const Fp8Scales& scales,
                                                   int32_t a_top, int32_t a_low, int32_t b_half0, int32_t b_half1,
                                                   const Release& release, const OnStall& on_stall) {
-  static_assert(Cfg::kAccRegs == 128, "two 64-register halves a warpgroup");
-  constexpr int kHalf = 64;
+  static_assert(Cfg::kAccRegs == 128, "four 32-register quarters a warpgroup");
+  constexpr int kQuarter = 32;
   struct StageScales {
     float top0, low0, top1, low1;
   };
@@ -108,38 +127,74 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     return StageScales{__fmul_rn(sa_top, sb0), __fmul_rn(sa_low, sb0), __fmul_rn(sa_top, sb1),
                        __fmul_rn(sa_low, sb1)};
   };
-  float part[kHalf];
-  // One half of a stage: four m64n128k32 into `part` (the first
-  // overwriting), waited for, then promoted into acc[half * 64 ..]. d[4j +
-  // 2h + e]: row half h, column chunk j.
-  auto half_stage = [&](uint64_t desc_a, uint64_t desc_b, auto half, float top, float low, int held) {
-    constexpr int kH = decltype(half)::value;
-    issue_fp8_stage(part, desc_a, desc_b);
-    wgmma::wait_group<0>();
+  // Defined before their first wgmma (which overwrites them), so that no
+  // register of theirs is undefined when a wgmma chain reads it: otherwise
+  // ptxas serialises every wgmma of the kernel (C7514 / C7515, perf-notes q7).
+  float part_even[kQuarter];  // quarters 0 and 2
+  float part_odd[kQuarter];   // quarters 1 and 3
+  start_promotions(part_even);
+  start_promotions(part_odd);
+  // Quarter q's partial into acc[32q ..]: d[4j + 2h + e], row half h.
+  auto promote = [&](float(&part)[kQuarter], auto quarter, const StageScales& sc) {
+    constexpr int kQ = decltype(quarter)::value;
+    const float top = kQ < 2 ? sc.top0 : sc.top1;
+    const float low = kQ < 2 ? sc.low0 : sc.low1;
     wgmma::fence_operands(part);
-    if constexpr (kH == 1) release(held);  // the stage's last reads are done
 #pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      const float s = ((i / 2) % 2) ? low : top;
-      acc[kH * kHalf + i] = __fmaf_rn(part[i], s, acc[kH * kHalf + i]);
+    for (int i = 0; i < kQuarter; ++i) {
+      acc[kQ * kQuarter + i] = __fmaf_rn(part[i], ((i / 2) % 2) ? low : top, acc[kQ * kQuarter + i]);
     }
   };
-  start_promotions(acc);
-  // The scales one stage ahead (their L2 latency off the promotion's path).
-  StageScales next = load_scales(0);
-  const int k_blocks = scales.k_blocks;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const StageScales sc = next;
-    if (kb + 1 < k_blocks) next = load_scales(kb + 1);
+  struct StageDescs {
+    uint64_t a, b;
+    int held;
+  };
+  // The next stage, taken with no wgmma in flight: with one in flight
+  // across the stall-checking wait loop, ptxas serialised every wgmma of the
+  // kernel (C7514), even where the loop ran only after a wait_group<0>.
+  auto take_stage = [&]() {
     ring.consumer_wait(on_stall);
     const int held = ring.stage;
     auto& stage = smem.stages[held];
     ring.advance();
-    const uint64_t desc_a = wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes);
-    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b), std::integral_constant<int, 0>{}, sc.top0, sc.low0, held);
-    half_stage(desc_a, wgmma::smem_desc_k_sw128(stage.b + 128 * Cfg::kRowBytes), std::integral_constant<int, 1>{},
-               sc.top1, sc.low1, held);
+    return StageDescs{wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes),
+                      wgmma::smem_desc_k_sw128(stage.b), held};
+  };
+  constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
+  start_promotions(acc);
+  const int k_blocks = scales.k_blocks;
+  // The scales one stage ahead (their L2 latency off the promotion's path).
+  StageScales sc = load_scales(0);
+  StageDescs cur = take_stage();
+  issue_fp8_quarter(part_even, cur.a, cur.b);
+  int kb = 0;
+  // Each turn: stage kb's quarter 0 is in flight in part_even. Quarters 0..2
+  // are promoted while the next quarter runs, quarter 3 while the next
+  // stage's quarter 0 does; the next stage is taken between the two, after
+  // a wait_group<0> (see take_stage). One copy of the loop body, left in its
+  // middle after the last stage (peeled copies of wgmma made ptxas
+  // serialise them too).
+  while (true) {
+    const StageScales next_sc = load_scales(min(kb + 1, k_blocks - 1));
+    issue_fp8_quarter(part_odd, cur.a, cur.b + 1 * kQuarterStep);
+    wgmma::wait_group<1>();
+    promote(part_even, std::integral_constant<int, 0>{}, sc);
+    issue_fp8_quarter(part_even, cur.a, cur.b + 2 * kQuarterStep);
+    wgmma::wait_group<1>();
+    promote(part_odd, std::integral_constant<int, 1>{}, sc);
+    issue_fp8_quarter(part_odd, cur.a, cur.b + 3 * kQuarterStep);
+    wgmma::wait_group<1>();
+    promote(part_even, std::integral_constant<int, 2>{}, sc);
+    wgmma::wait_group<0>();
+    release(cur.held);  // quarter 3 done: the stage's last reads
+    if (kb + 1 >= k_blocks) break;
+    cur = take_stage();
+    issue_fp8_quarter(part_even, cur.a, cur.b);
+    promote(part_odd, std::integral_constant<int, 3>{}, sc);
+    sc = next_sc;
+    ++kb;
   }
+  promote(part_odd, std::integral_constant<int, 3>{}, sc);
 }
 
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
