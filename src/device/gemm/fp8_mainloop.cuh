@@ -215,8 +215,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   // warpgroup c the stage's B rows 128 c .. 128 c + 127).
   constexpr bool kSplitN = Cfg::kSplitN;
   // The wide tile (128 x 256, rows split between the warpgroups): each
-  // warpgroup's 64 rows against both 128-row halves of B, one after the
-  // other through one partial sum (mma_fp8_wide_tile).
+  // warpgroup's 64 rows against all 256 B rows, in four 64-row quarters
+  // through two 32-register partial sums (mma_fp8_wide_tile).
   constexpr bool kWide = !kSplitN && Cfg::kBlockN == 256;
   static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockK == 128 &&
                     (Cfg::kBlockN == 128 || (Cfg::kBlockN == 256 && (kSplitN || Cfg::kBlockM == 128))),
