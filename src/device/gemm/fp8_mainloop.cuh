@@ -61,31 +61,24 @@ __device__ __forceinline__ void start_promotions(float (&acc)[kCount]) {
   for (int i = 0; i < kCount; ++i) acc[i] = -0.0f;
 }
 
-// Four m64n128k32 e4m3 wgmma over one 128-deep stage into `part` (the
-// first overwriting it), committed as one group.
-__device__ __forceinline__ void issue_fp8_stage(float (&part)[64], uint64_t desc_a, uint64_t desc_b) {
+// Four m64nNk32 e4m3 wgmma over one 128-deep stage into `part` (N = 128
+// for a 64-register partial, 64 for the wide tile's 32-register quarters;
+// the first overwriting it), committed as one group.
+template <int kRegs>
+__device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(kRegs == 64 || kRegs == 32, "m64n128k32 or m64n64k32");
   wgmma::fence_operands(part);
   wgmma::fence();
 #pragma unroll
   for (int k = 0; k < 128 / 32; ++k) {
-    wgmma::mma_m64n128k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
-                               k > 0 ? 1u : 0u);
+    const uint64_t a = wgmma::advance_k_bytes(desc_a, 32 * k), b = wgmma::advance_k_bytes(desc_b, 32 * k);
+    if constexpr (kRegs == 64) {
+      wgmma::mma_m64n128k32_e4m3(part, a, b, k > 0 ? 1u : 0u);
+    } else {
+      wgmma::mma_m64n64k32_e4m3(part, a, b, k > 0 ? 1u : 0u);
+    }
   }
   wgmma::commit_group();
-}
-
-// Four m64n64k32 e4m3 wgmma over one 128-deep stage into `part` (the first
-// overwriting it), committed as one group.
-__device__ __forceinline__ void issue_fp8_quarter(float (&part)[32], uint64_t desc_a, uint64_t desc_b) {
-  wgmma::fence_operands(part);
-  wgmma::fence();
-#pragma unroll
-  for (int k = 0; k < 128 / 32; ++k) {
-    wgmma::mma_m64n64k32_e4m3(part, wgmma::advance_k_bytes(desc_a, 32 * k), wgmma::advance_k_bytes(desc_b, 32 * k),
-                              k > 0 ? 1u : 0u);
-  }
-  wgmma::commit_group();
-  wgmma::fence_operands(part);
 }
 
 // The wide FP8 tile's K loop (Cfg 128 x 256, rows split: warpgroup c its
@@ -166,7 +159,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // The scales one stage ahead (their L2 latency off the promotion's path).
   StageScales sc = load_scales(0);
   StageDescs cur = take_stage();
-  issue_fp8_quarter(part_even, cur.a, cur.b);
+  issue_fp8_stage(part_even, cur.a, cur.b);
   int kb = 0;
   // Each turn: stage kb's quarter 0 is in flight in part_even. Quarters 0..2
   // are promoted while the next quarter runs, quarter 3 while the next
@@ -176,20 +169,20 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // serialise them too).
   while (true) {
     const StageScales next_sc = load_scales(min(kb + 1, k_blocks - 1));
-    issue_fp8_quarter(part_odd, cur.a, cur.b + 1 * kQuarterStep);
+    issue_fp8_stage(part_odd, cur.a, cur.b + 1 * kQuarterStep);
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 0>{}, sc);
-    issue_fp8_quarter(part_even, cur.a, cur.b + 2 * kQuarterStep);
+    issue_fp8_stage(part_even, cur.a, cur.b + 2 * kQuarterStep);
     wgmma::wait_group<1>();
     promote(part_odd, std::integral_constant<int, 1>{}, sc);
-    issue_fp8_quarter(part_odd, cur.a, cur.b + 3 * kQuarterStep);
+    issue_fp8_stage(part_odd, cur.a, cur.b + 3 * kQuarterStep);
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 2>{}, sc);
     wgmma::wait_group<0>();
     release(cur.held);  // quarter 3 done: the stage's last reads
     if (kb + 1 >= k_blocks) break;
     cur = take_stage();
-    issue_fp8_quarter(part_even, cur.a, cur.b);
+    issue_fp8_stage(part_even, cur.a, cur.b);
     promote(part_odd, std::integral_constant<int, 3>{}, sc);
     sc = next_sc;
     ++kb;
