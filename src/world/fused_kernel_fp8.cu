@@ -18,13 +18,20 @@ using Fp8Pass = protocol::ForwardFp8Pass;
 // table (workspace_layout.cpp, world_state.cu); the FP8 table must count
 // the same words (the kernel's device-ordered passes clear the idle set by
 // its own count).
-constexpr bool same_counters() {
-  using Bf16 = protocol::ForwardPass;
-  if (Fp8Pass::kNumCounters != Bf16::kNumCounters) return false;
-  for (int i = 0; i < Bf16::kNumCounters; ++i) {
-    if (Fp8Pass::kCounters[i].span != Bf16::kCounters[i].span) return false;
+// (Compared through parameters: today the FP8 table reuses the forward's
+// array, which compared in place is a self-comparison the host compiler
+// warns about.)
+template <class CountersA, class CountersB>
+constexpr bool same_spans(const CountersA& a, const CountersB& b, int count) {
+  for (int i = 0; i < count; ++i) {
+    if (a[i].span != b[i].span) return false;
   }
   return true;
+}
+constexpr bool same_counters() {
+  using Bf16 = protocol::ForwardPass;
+  return Fp8Pass::kNumCounters == Bf16::kNumCounters &&
+         same_spans(Fp8Pass::kCounters, Bf16::kCounters, Bf16::kNumCounters);
 }
 static_assert(same_counters(), "the FP8 forward's counters are laid out as the forward's");
 

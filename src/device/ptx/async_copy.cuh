@@ -48,8 +48,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 // function call anywhere in the kernel makes ptxas serialise every wgmma
 // (warning C7510). Code that raised its register budget with setmaxnreg
 // cannot trap (roles/consumer_stall.cuh says why) and passes its own policy.
+// kBackstopWaitNs: how long such a wait lasts before it ends the kernel
+// (the GEMM consumers wait the pass's timeout more, consumer_stall.cuh).
+inline constexpr uint64_t kBackstopWaitNs = 10ull * 1000 * 1000 * 1000;
+
 struct TrapOnStall {
-  uint64_t timeout_ns = 10ull * 1000 * 1000 * 1000;
+  uint64_t timeout_ns = kBackstopWaitNs;
   __device__ void operator()() const { __trap(); }
 };
 

@@ -26,13 +26,15 @@
 
 #include <cstdint>
 
+#include "device/ptx/async_copy.cuh"
+
 namespace mok::device {
 
 struct ConsumerFaultOnStall {
   uint64_t timeout_ns;
 
   __device__ explicit ConsumerFaultOnStall(uint64_t pass_timeout_ns)
-      : timeout_ns(pass_timeout_ns + 10ull * 1000 * 1000 * 1000) {}
+      : timeout_ns(pass_timeout_ns + kBackstopWaitNs) {}
 
   __device__ void operator()() const {
     asm volatile("st.volatile.global.u32 [%0], 0;\n" ::"l"(uint64_t{0}) : "memory");
