@@ -54,7 +54,7 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
                                     at::TensorList w13, at::TensorList w2,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                    at::IntArrayRef tuning, at::ScalarType expert_dtype) {
+                                    at::IntArrayRef tuning, int64_t token_capacity, at::ScalarType expert_dtype) {
   const TensorSpec expert_weights{expert_dtype, 3, /*aligned=*/true};
   const int64_t R = static_cast<int64_t>(x.size());
   expect(R >= 1, "x must hold one tensor per rank (got an empty list)");
@@ -109,7 +109,15 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
   }
 
   call.tokens = config.tokens_per_rank;
-  if (const int bucket = token_bucket(); bucket > 0) {
+  expect(token_capacity >= 0, "token_capacity = " + num(token_capacity) + " must be >= 0 (0: none)");
+  if (token_capacity > 0) {
+    const int capacity = checked_int(token_capacity, "token_capacity");
+    for (size_t r = 0; r < call.tokens.size(); ++r) {
+      expect(call.tokens[r] <= capacity, "x" + at_rank(static_cast<int64_t>(r)) + " has " + num(call.tokens[r]) +
+                                             " tokens, more than token_capacity = " + num(token_capacity));
+    }
+    config.tokens_per_rank.assign(call.tokens.size(), capacity);
+  } else if (const int bucket = token_bucket(); bucket > 0) {
     for (int& t : config.tokens_per_rank) t = checked_int((static_cast<int64_t>(t) + bucket - 1) / bucket * bucket,
                                                           "a token count rounded up to MOK_TOKEN_BUCKET");
   }

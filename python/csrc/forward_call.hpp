@@ -28,11 +28,17 @@ struct ForwardCall {
 // option ranges) when it makes its object. `expert_dtype`: the routed
 // weights' (bf16; float8_e4m3fn for the FP8 forward, whose layer is then an
 // fp8 one -- its scales are checked by fused_forward_fp8_ops.cpp).
+// `token_capacity` > 0: every rank's token count must be at most it, and the
+// call runs on the object made for exactly that many tokens per rank (one
+// workspace for every count up to it: no allocation when counts change,
+// FusedForward's RankTensors::tokens; the same bits); 0: the call's own
+// counts, or MOK_TOKEN_BUCKET's rounding of them.
 ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                     at::TensorList w13, at::TensorList w2,
                                     const std::optional<at::Tensor>& shared_w13,
                                     const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                    at::IntArrayRef tuning, at::ScalarType expert_dtype = at::kBFloat16);
+                                    at::IntArrayRef tuning, int64_t token_capacity,
+                                    at::ScalarType expert_dtype = at::kBFloat16);
 
 // One output per rank, shaped and typed as that rank's x (uninitialized).
 std::vector<at::Tensor> outputs_like(at::TensorList x);
@@ -53,7 +59,7 @@ void run_cached_forward(const ForwardCall& call, const std::vector<RankTensors>&
 // own object (and workspace); N > 0, a rank's count rounded up to a multiple
 // of N is the object's capacity, so calls whose counts vary inside a bucket
 // reuse one workspace (FusedForward's RankTensors::tokens; the same bits).
-// EXPERIMENTAL: the capacity path has not run on a GPU yet.
+// The ops' token_capacity argument, when given, takes precedence.
 int token_bucket();
 
 }  // namespace mok::torch_ops

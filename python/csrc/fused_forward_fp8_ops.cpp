@@ -41,9 +41,9 @@ mok::torch_ops::ForwardCall check_fp8_arguments(at::TensorList x, at::TensorList
                                                 at::TensorList w2_scales,
                                                 const std::optional<at::Tensor>& shared_w13,
                                                 const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                                at::IntArrayRef tuning) {
+                                                at::IntArrayRef tuning, int64_t token_capacity) {
   auto call = mok::torch_ops::check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
-                                                      num_experts, tuning, at::kFloat8_e4m3fn);
+                                                      num_experts, tuning, token_capacity, at::kFloat8_e4m3fn);
   const int64_t R = static_cast<int64_t>(x.size());
   expect(static_cast<int64_t>(w13_scales.size()) == R && static_cast<int64_t>(w2_scales.size()) == R,
          "w13_scales and w2_scales must each hold " + num(R) + " tensors (one per rank)");
@@ -66,9 +66,9 @@ std::vector<at::Tensor> fused_forward_fp8_cuda(at::TensorList x, at::TensorList 
                                                at::TensorList w13, at::TensorList w13_scales, at::TensorList w2,
                                                at::TensorList w2_scales, const std::optional<at::Tensor>& shared_w13,
                                                const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                               at::IntArrayRef tuning, bool check_errors) {
+                                               at::IntArrayRef tuning, bool check_errors, int64_t token_capacity) {
   const auto call = check_fp8_arguments(x, expert_ids, weights, w13, w13_scales, w2, w2_scales, shared_w13,
-                                        shared_w2, num_experts, tuning);
+                                        shared_w2, num_experts, tuning, token_capacity);
   const c10::cuda::CUDAGuard guard(call.device);
   std::vector<at::Tensor> out = outputs_like(x);
   std::vector<mok::RankTensors> tensors =
@@ -86,9 +86,9 @@ std::vector<at::Tensor> fused_forward_fp8_meta(at::TensorList x, at::TensorList 
                                                at::TensorList w13, at::TensorList w13_scales, at::TensorList w2,
                                                at::TensorList w2_scales, const std::optional<at::Tensor>& shared_w13,
                                                const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                               at::IntArrayRef tuning, bool /*check_errors*/) {
+                                               at::IntArrayRef tuning, bool /*check_errors*/, int64_t token_capacity) {
   check_fp8_arguments(x, expert_ids, weights, w13, w13_scales, w2, w2_scales, shared_w13, shared_w2, num_experts,
-                      tuning);
+                      tuning, token_capacity);
   return outputs_like(x);
 }
 
@@ -98,7 +98,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward_fp8(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w13_scales, "
       "Tensor[] w2, Tensor[] w2_scales, Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, "
-      "bool check_errors=False) -> Tensor[]");
+      "bool check_errors=False, int token_capacity=0) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("fused_forward_fp8", &fused_forward_fp8_cuda); }

@@ -27,9 +27,9 @@ std::vector<at::Tensor> fused_forward_cuda(at::TensorList x, at::TensorList expe
                                            at::TensorList w13, at::TensorList w2,
                                            const std::optional<at::Tensor>& shared_w13,
                                            const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                           at::IntArrayRef tuning, bool check_errors) {
-  const auto call =
-      check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning);
+                                           at::IntArrayRef tuning, bool check_errors, int64_t token_capacity) {
+  const auto call = check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts,
+                                            tuning, token_capacity);
   const c10::cuda::CUDAGuard guard(call.device);
   std::vector<at::Tensor> out = outputs_like(x);
   const std::vector<mok::RankTensors> tensors =
@@ -43,8 +43,9 @@ std::vector<at::Tensor> fused_forward_meta(at::TensorList x, at::TensorList expe
                                            at::TensorList w13, at::TensorList w2,
                                            const std::optional<at::Tensor>& shared_w13,
                                            const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                           at::IntArrayRef tuning, bool /*check_errors*/) {
-  check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning);
+                                           at::IntArrayRef tuning, bool /*check_errors*/, int64_t token_capacity) {
+  check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                          token_capacity);
   return outputs_like(x);
 }
 
@@ -57,7 +58,8 @@ std::vector<int64_t> forward_cache_info() { return mok::torch_ops::forward_cache
 TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
-      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors=False) -> Tensor[]");
+      "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors=False, "
+      "int token_capacity=0) -> Tensor[]");
   m.def("tuning_option_names() -> str[]", &tuning_option_names);
   m.def("forward_cache_info() -> int[]", &forward_cache_info);
 }

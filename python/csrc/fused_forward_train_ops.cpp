@@ -67,9 +67,10 @@ TrainOutputs fused_forward_train_cuda(at::TensorList x, at::TensorList expert_id
                                       at::TensorList w13, at::TensorList w2,
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                      at::IntArrayRef tuning, bool check_errors, bool keep_preact) {
+                                      at::IntArrayRef tuning, bool check_errors, bool keep_preact,
+                                      int64_t token_capacity) {
   const auto call = mok::torch_ops::check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
-                                                            num_experts, tuning);
+                                                            num_experts, tuning, token_capacity);
   const c10::cuda::CUDAGuard guard(call.device);
   TrainOutputs o = allocate(call, x, keep_preact);
   auto& [out, preact, shared_preact, expert_rows, expert_offset, schedule_rows] = o;
@@ -113,9 +114,10 @@ TrainOutputs fused_forward_train_meta(at::TensorList x, at::TensorList expert_id
                                       at::TensorList w13, at::TensorList w2,
                                       const std::optional<at::Tensor>& shared_w13,
                                       const std::optional<at::Tensor>& shared_w2, int64_t num_experts,
-                                      at::IntArrayRef tuning, bool /*check_errors*/, bool keep_preact) {
+                                      at::IntArrayRef tuning, bool /*check_errors*/, bool keep_preact,
+                                      int64_t token_capacity) {
   return allocate(mok::torch_ops::check_forward_arguments(x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
-                                                          num_experts, tuning),
+                                                          num_experts, tuning, token_capacity),
                   x, keep_preact);
 }
 
@@ -125,7 +127,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward_train(Tensor[] x, Tensor[] expert_ids, Tensor[] weights, Tensor[] w13, Tensor[] w2, "
       "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors=False, "
-      "bool keep_preact=True) -> "
+      "bool keep_preact=True, int token_capacity=0) -> "
       "(Tensor[] out, Tensor[] preact, Tensor[] shared_preact, Tensor[] expert_rows, Tensor[] expert_offset, "
       "Tensor[] schedule_rows)");
 }

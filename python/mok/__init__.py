@@ -12,17 +12,19 @@ is looked for), which registers:
       w13 [G, 2N, K]: rows [0, N) gate, [N, 2N) up. out [M, N] =
       silu(a @ gate^T) * (a @ up^T), fp32 math, one bf16 rounding.
   torch.ops.mok.fused_forward(x, expert_ids, weights, w13, w2, shared_w13,
-                              shared_w2, num_experts, tuning, check_errors) -> out
+                              shared_w2, num_experts, tuning, check_errors,
+                              token_capacity=0) -> out
       The fused MoE forward over a virtual world of R = len(x) ranks on one
       GPU; see fused_forward() below.
   torch.ops.mok.fused_forward_fp8(x, expert_ids, weights, w13, w13_scales, w2,
                                   w2_scales, shared_w13, shared_w2, num_experts,
-                                  tuning, check_errors) -> out
+                                  tuning, check_errors, token_capacity=0) -> out
       The fused FP8 forward (block-scaled e4m3 routed experts: values
       float8_e4m3fn and UE8M0 scales uint8 from mok.quantize_weights; x,
       the shared expert and out bf16); see fused_forward_fp8() below. No
       backward (it raises).
-  torch.ops.mok.fused_forward_train(...same..., keep_preact=True)
+  torch.ops.mok.fused_forward_train(...same as fused_forward up to check_errors...,
+                                    keep_preact=True, token_capacity=0)
       -> (out, preact, shared_preact, expert_rows, expert_offset, schedule_rows)
       The same forward in training mode: also keeps, per rank, the gate/up
       pre-activations and the schedule (python/csrc/fused_forward_train_ops.cpp).
@@ -181,7 +183,8 @@ def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gro
 
 
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                  num_experts: int, check_errors: bool = False, save_activations: bool = False, **tuning):
+                  num_experts: int, check_errors: bool = False, save_activations: bool = False,
+                  token_capacity: int = 0, **tuning):
     """The fused MoE layer forward (one persistent kernel).
 
     Lists hold one tensor per rank of a virtual world on one GPU (R = len(x)):
@@ -192,6 +195,14 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     [out[r] [T_r, H] bf16]. Results are bitwise identical for any R,
     minibatch, ring size or SM split. check_errors=True synchronises and
     raises on a stalled pass or a bad expert id (rank, token, slot named).
+
+    token_capacity > 0: every rank's token count may be anything up to it
+    (a ValueError above it), and every call runs on the one workspace made
+    for that many tokens per rank: counts that change from call to call
+    (variable batch or sequence length) allocate nothing and never
+    synchronise the host; the outputs are the bits of an exact-size call.
+    0 (default): one workspace per distinct set of counts (cached, see
+    below).
 
     Backward: the staged backward (mok/staged_backward.py: grouped kernels
     and deterministic torch ops, bitwise repeatable) gives gradients for x,
@@ -225,19 +236,19 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     more than torch.ops.mok.forward_cache_info()[1] is freed.
     """
     tuning_list(tuning)  # unknown names raise TypeError before any lookup
-    options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
+    options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity)
     args = (list(x), list(expert_ids), list(weights), list(w13), list(w2), shared_w13, shared_w2, num_experts,
             tuning_list(options), check_errors)
     if save_activations:
-        return torch.ops.mok.fused_forward_train(*args)[0]
+        return torch.ops.mok.fused_forward_train(*args, token_capacity=token_capacity)[0]
     if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2):
         # Recompute mode of the fused backward kernel: the schedule only.
-        return torch.ops.mok.fused_forward_train(*args, keep_preact=False)[0]
-    return torch.ops.mok.fused_forward(*args)
+        return torch.ops.mok.fused_forward_train(*args, keep_preact=False, token_capacity=token_capacity)[0]
+    return torch.ops.mok.fused_forward(*args, token_capacity=token_capacity)
 
 
 def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
-                      num_experts: int, check_errors: bool = False, **tuning):
+                      num_experts: int, check_errors: bool = False, token_capacity: int = 0, **tuning):
     """The fused FP8 MoE layer forward (one persistent kernel; issue 16's
     recipe): mok.fused_forward's arguments, with the routed experts' weights
     block-scaled FP8 -- w13[r] and w2[r] are mok.QuantizedWeights of rank r's
@@ -246,7 +257,8 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
     stay bf16: the kernel quantizes each x row as it pulls it (1 x 128 blocks)
     and h in the gate/up epilogue, and accumulates in fp32, promoting every
     128 of K. H must be a multiple of 256 and I of 128. Results are bitwise
-    identical for any R, minibatch, ring size or SM split. Forward only:
+    identical for any R, minibatch, ring size or SM split; token_capacity as
+    mok.fused_forward's. Forward only:
     backward raises (no FP8 backward yet). Keyword tuning options as
     mok.fused_forward's, taken as given (the tuning cache holds bf16 entries
     only); minibatch_rows must be a multiple of 128. check_errors=True also
@@ -264,7 +276,8 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
                 _check_fp8_weight_bytes(part, f"{name}[{r}]")
     return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), [q.values for q in w13],
                                            [q.scales for q in w13], [q.values for q in w2], [q.scales for q in w2],
-                                           shared_w13, shared_w2, num_experts, tuning_list(tuning), check_errors)
+                                           shared_w13, shared_w2, num_experts, tuning_list(tuning), check_errors,
+                                           token_capacity=token_capacity)
 
 
 def _check_fp8_weight_bytes(q, name):
@@ -281,12 +294,14 @@ def _check_fp8_weight_bytes(q, name):
             raise ValueError(f"mok.fused_forward_fp8: {name}.values{bad[0].tolist()} is NaN")
 
 
-def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning):
+def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity=0):
     from . import tuning_source
     try:
+        # With a capacity, the object is made (and tuned) for it.
         layer = dict(hidden=x[0].shape[-1], intermediate=w2[0].shape[-1], experts=num_experts,
                      top_k=expert_ids[0].shape[-1], shared=0 if shared_w2 is None else shared_w2.shape[-1],
-                     tokens_per_rank=max(t.shape[0] for t in x), world=len(x), device=x[0].device)
+                     tokens_per_rank=token_capacity if token_capacity > 0 else max(t.shape[0] for t in x),
+                     world=len(x), device=x[0].device)
     except (IndexError, AttributeError, TypeError):
         layer = None  # malformed arguments: no cache lookup; the op names what is wrong
     if layer is None:

@@ -108,7 +108,8 @@ def _fit(ctx, grads: tuple) -> tuple:
 
 # ---- fused_forward ----------------------------------------------------------
 # Arguments: x, expert_ids, weights, w13, w2 (lists, one entry per rank),
-# shared_w13, shared_w2, num_experts, tuning, check_errors.
+# shared_w13, shared_w2, num_experts, tuning, check_errors, token_capacity
+# (fused_forward_train: check_errors, keep_preact, token_capacity).
 
 def _main_grads(w13, w2, shared_w13, shared_w2):
     """The fp32 `main_grad` buffers a trainer hung on the weights (one rank:
@@ -281,7 +282,8 @@ def _fused_kernel_backward(ctx, douts):
     result = (_split(dx, tokens, x, need[0]), [None] * R, _split(dweights, tokens, weights, need[2]),
               routed(dw13, main_w13, w13, need[3]), routed(dw2, main_w2, w2, need[4]),
               shared(dsw13, main_sw13, shared_w13, need[5]), shared(dsw2, main_sw2, shared_w2, need[6]),
-              None, [] if ctx.tuning_is_empty_list else None, None, None)  # ..., check_errors, keep_preact
+              None, [] if ctx.tuning_is_empty_list else None, None, None, None)
+    # ..., num_experts, tuning, check_errors, keep_preact (the training op), token_capacity
     return _fit(ctx, result)
 
 
@@ -320,7 +322,8 @@ def _fused_forward_backward(ctx, douts, kept=None, schedule=None):
               _split(grads.dw13, experts, w13, need[3]), _split(grads.dw2, experts, w2, need[4]),
               None if grads.dshared_w13 is None else grads.dshared_w13.to(shared_w13.dtype),
               None if grads.dshared_w2 is None else grads.dshared_w2.to(shared_w2.dtype),
-              None, [] if ctx.tuning_is_empty_list else None, None, None)  # ..., check_errors, keep_preact
+              None, [] if ctx.tuning_is_empty_list else None, None, None, None)
+    # ..., num_experts, tuning, check_errors, keep_preact (the training op), token_capacity
     return _fit(ctx, result)
 
 

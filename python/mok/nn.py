@@ -110,8 +110,14 @@ class MoE(torch.nn.Module):
     while grad is enabled). fp32_main_grad: each expert weight gets a float32
     `main_grad` that its gradients are added to, micro-batch after
     micro-batch, in place of .grad (which stays None; zero main_grad yourself
-    after the optimizer step). The router's weight keeps its ordinary .grad. Keyword tuning options (minibatch_rows, ring_slots, ...) go to
-    mok.fused_forward unchanged.
+    after the optimizer step). The router's weight keeps its ordinary .grad.
+    max_tokens: the most tokens one call may bring (x's elements over
+    hidden); calls with any count up to it run on one workspace made for it
+    (mok.fused_forward's token_capacity: variable batch and sequence lengths
+    allocate nothing and never synchronise the host), shared by every layer
+    of the same shape, device and tuning; a larger call is a ValueError.
+    None: a workspace per distinct count (cached). Keyword tuning options
+    (minibatch_rows, ring_slots, ...) go to mok.fused_forward unchanged.
 
     process_group: expert parallelism over that group (one process per GPU,
     mok.distributed.FusedMoEWorld): this rank holds experts [r E/R, (r + 1)
@@ -125,8 +131,8 @@ class MoE(torch.nn.Module):
     every rank sees the same counts in the same order). Every rank must call
     forward (and backward) the same number of times, in the same order
     relative to other collectives. The expert-parallel backward is the staged
-    one (mok/ep_backward.py, recompute mode); save_activations and
-    fp32_main_grad are not available with it. close() releases the worlds
+    one (mok/ep_backward.py, recompute mode); save_activations,
+    fp32_main_grad and max_tokens are not available with it. close() releases the worlds
     (collective). Each rank's experts start from their own random draw (a
     generator seeded by torch.initial_seed() and the rank), not from the
     same one. With a data-parallel wrapper, keep w13 and w2 out of its
@@ -141,7 +147,7 @@ class MoE(torch.nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *,
                  shared_intermediate: int = 0, router: TopKRouter | None = None, device=None,
                  dtype: torch.dtype = torch.bfloat16, save_activations: bool = False, fp32_main_grad: bool = False,
-                 process_group=None, worlds: int = 4, **tuning):
+                 process_group=None, worlds: int = 4, max_tokens: int | None = None, **tuning):
         super().__init__()
         for name, value in (("hidden", hidden), ("intermediate", intermediate),
                             ("shared_intermediate", shared_intermediate)):
@@ -153,6 +159,10 @@ class MoE(torch.nn.Module):
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, num_experts, top_k
         self.shared_intermediate = shared_intermediate
         self.tuning = tuning
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens = {max_tokens!r}: must be a positive int (or None)")
+        self.max_tokens = max_tokens
         self.process_group = process_group
         local_experts = num_experts
         if process_group is not None:
@@ -163,6 +173,9 @@ class MoE(torch.nn.Module):
             if save_activations or fp32_main_grad:
                 raise ValueError("process_group: save_activations and fp32_main_grad are not available with the "
                                  "expert-parallel backward yet")
+            if max_tokens is not None:
+                raise ValueError("process_group: max_tokens is not available in the process world (its ranks "
+                                 "share their exact counts; a world is made per set of counts)")
             if worlds < 1:
                 raise ValueError(f"worlds = {worlds}: must be >= 1")
             local_experts = num_experts // ranks
@@ -200,6 +213,9 @@ class MoE(torch.nn.Module):
         if x.shape[-1] != self.hidden:
             raise ValueError(f"x: last dimension {x.shape[-1]}, expected hidden = {self.hidden}")
         tokens = x.reshape(-1, self.hidden).to(torch.bfloat16).contiguous()
+        if self.max_tokens is not None and tokens.shape[0] > self.max_tokens:
+            raise ValueError(f"x holds {tokens.shape[0]} tokens, more than this layer's max_tokens = "
+                             f"{self.max_tokens}")
         expert_ids, weights = self.router(tokens)
         if self.process_group is not None:
             world = self._world_for(tokens)
@@ -207,7 +223,8 @@ class MoE(torch.nn.Module):
             return out.view(x.shape)
         out = fused_forward([tokens], [expert_ids], [weights], [self.w13], [self.w2], self.shared_w13,
                             self.shared_w2, num_experts=self.num_experts,
-                            save_activations=self.save_activations and torch.is_grad_enabled(), **self.tuning)[0]
+                            save_activations=self.save_activations and torch.is_grad_enabled(),
+                            token_capacity=self.max_tokens or 0, **self.tuning)[0]
         return out.view(x.shape)
 
     def _world_for(self, tokens: torch.Tensor):

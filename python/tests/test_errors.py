@@ -56,6 +56,26 @@ def test_a_bad_tensor_is_named(position, bad, message):
         _forward(*layer)
 
 
+def test_a_token_capacity_is_checked_and_sizes_the_training_ops_outputs():
+    layer = _layer()
+    assert _forward(*layer, token_capacity=T)[0].shape == (T, H)
+    assert _forward(*layer, token_capacity=4 * T)[0].shape == (T, H)
+    with pytest.raises(RuntimeError, match=r"x\[0\] has 16 tokens, more than token_capacity = 15"):
+        _forward(*layer, token_capacity=T - 1)
+    with pytest.raises(RuntimeError, match=r"token_capacity = -1 must be >= 0"):
+        _forward(*layer, token_capacity=-1)
+    # The training op keeps the schedule rows of the object it runs on: the
+    # capacity's, as if the call had brought that many tokens.
+    x, ids, w, w13, w2, sw13, sw2 = layer
+    args = ([x], [ids], [w], [w13], [w2], sw13, sw2, E, mok.tuning_list({}))
+    capped = torch.ops.mok.fused_forward_train(*args, token_capacity=4 * T)
+    big = [torch.empty(4 * T, *t.shape[1:], dtype=t.dtype, device=t.device) for t in (x, ids, w)]
+    full = torch.ops.mok.fused_forward_train([big[0]], [big[1]], [big[2]], *args[3:])
+    assert capped[0][0].shape == (T, H)
+    assert capped[1][0].shape == full[1][0].shape and capped[5][0].shape == full[5][0].shape
+    assert capped[1][0].shape[0] > torch.ops.mok.fused_forward_train(*args)[1][0].shape[0]
+
+
 def test_tensors_on_different_devices_are_refused():
     x, ids, w, w13, w2, sw13, sw2 = _layer()
     with pytest.raises(RuntimeError, match=r"weights\[0\] is on cpu; the op runs on meta"):

@@ -338,10 +338,12 @@ def test_the_training_op_without_preact_keeps_the_schedule_only(tokens, S):
 def test_the_training_ops_schema_keeps_its_old_calls():
     schema = torch.ops.mok.fused_forward_train.default._schema
     names = [a.name for a in schema.arguments]
-    assert names[-3:] == ["tuning", "check_errors", "keep_preact"], schema
-    keep = schema.arguments[-1]
+    assert names[-4:] == ["tuning", "check_errors", "keep_preact", "token_capacity"], schema
+    keep = schema.arguments[-2]
     assert str(keep.type) == "bool" and keep.default_value is True, schema
-    assert schema.arguments[-2].default_value is False
+    assert schema.arguments[-3].default_value is False
+    capacity = schema.arguments[-1]
+    assert str(capacity.type) == "int" and capacity.default_value == 0, schema
     assert [r.name for r in schema.returns] == ["out", "preact", "shared_preact", "expert_rows", "expert_offset",
                                                 "schedule_rows"], schema
     assert all(str(r.type) == "List[Tensor]" for r in schema.returns), schema

@@ -163,6 +163,48 @@ def test_layer_matches_an_fp32_torch_computation_on_the_gpu():
         assert torch.equal(moe(x), out)
 
 
+def test_max_tokens_is_checked_before_any_work():
+    moe = MoE(128, 64, 4, 2, device="meta", max_tokens=32)
+    assert moe(torch.empty(2, 16, 128, dtype=torch.bfloat16, device="meta")).shape == (2, 16, 128)
+    with pytest.raises(ValueError, match="33 tokens, more than this layer's max_tokens = 32"):
+        moe(torch.empty(33, 128, dtype=torch.bfloat16, device="meta"))
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(ValueError, match="max_tokens"):
+            MoE(128, 64, 4, 2, device="meta", max_tokens=bad)
+
+
+@pytest.mark.skipif(not has_hopper(), reason="needs a Hopper (sm_90) GPU")
+def test_max_tokens_runs_every_count_on_one_workspace_with_the_exact_bits():
+    # Counts that change from call to call (as variable sequence lengths
+    # make them) under one capacity: one cached object for all of them, and
+    # the outputs and gradients of a layer without a capacity, bit for bit.
+    torch.manual_seed(5)
+    H, I, E, K, S = 256, 128, 8, 2, 128
+    exact = MoE(H, I, E, K, shared_intermediate=S, device="cuda")
+    capped = MoE(H, I, E, K, shared_intermediate=S, device="cuda", max_tokens=300)
+    capped.load_state_dict(exact.state_dict())
+    held_before = None
+    for count in (300, 77, 1, 256, 129):
+        x = (torch.rand(count, H, device="cuda") * 2 - 1).bfloat16()
+        grads = []
+        for layer in (exact, capped):
+            for p in layer.parameters():
+                p.grad = None
+            xi = x.clone().requires_grad_(True)
+            out = layer(xi)
+            out.float().pow(2).sum().backward()
+            grads.append((out, xi.grad, layer.w13.grad, layer.w2.grad, layer.shared_w13.grad))
+            if layer is capped:
+                held = torch.ops.mok.forward_cache_info()[0]
+                if held_before is None:
+                    held_before = held  # the capacity's object, made by the first call
+                assert held <= held_before, f"{count} tokens made another object"
+        for a, b in zip(*grads):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), count
+        exact_objects = torch.ops.mok.forward_cache_info()
+    assert exact_objects[0] >= 2  # the exact layer made objects per count (within the cache's capacity)
+
+
 def _single_rank_group(backend="gloo"):
     """A process group of this process alone (file store; destroyed by the caller)."""
     import os
