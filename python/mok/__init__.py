@@ -201,6 +201,8 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     for that many tokens per rank: counts that change from call to call
     (variable batch or sequence length) allocate nothing and never
     synchronise the host; the outputs are the bits of an exact-size call.
+    (The staged backward allocates through torch's caching allocator; the
+    fused backward kernel, MOK_BACKWARD=fused, makes an object per count.)
     0 (default): one workspace per distinct set of counts (cached, see
     below).
 

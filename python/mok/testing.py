@@ -259,10 +259,20 @@ def cpu_reference_forward():
     """Within it, mok::fused_forward's CPU kernel (which refuses) is replaced
     by reference_forward (rounded to bf16, split per rank), so that the op's
     autograd -- the staged backward on the reference ops -- runs on CPU
-    tensors. The refusing kernel is back on exit."""
+    tensors. The refusing kernel is back on exit. A token_capacity is checked
+    as the op checks it and changes nothing else (the training stand-in's
+    schedule is sized for the call's own counts, as an exact object's is).
+    """
     import warnings
 
-    def forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors=False):
+    def check_capacity(x, token_capacity):
+        if token_capacity < 0 or (token_capacity > 0 and any(t.shape[0] > token_capacity for t in x)):
+            raise RuntimeError(f"token_capacity = {token_capacity}: every rank's count must be at most it "
+                               f"(got {[t.shape[0] for t in x]})")
+
+    def forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors=False,
+                token_capacity=0):
+        check_capacity(x, token_capacity)
         out = reference_forward(torch.cat(x), torch.cat(expert_ids), torch.cat(weights), torch.cat(w13),
                                 torch.cat(w2), shared_w13, shared_w2).bfloat16()
         return [part.clone() for part in out.split([t.shape[0] for t in x])]
@@ -274,7 +284,8 @@ def cpu_reference_forward():
             library.impl("fused_forward", forward, "CPU")
 
             def train(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
-                      check_errors=False, keep_preact=True):
+                      check_errors=False, keep_preact=True, token_capacity=0):
+                check_capacity(x, token_capacity)
                 out, preact, shared_preact, *schedule = reference_forward_train(
                     x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts)
                 if not keep_preact:  # the op's keep_preact=False: empty lists

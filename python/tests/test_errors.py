@@ -57,6 +57,9 @@ def test_a_bad_tensor_is_named(position, bad, message):
 
 
 def test_a_token_capacity_is_checked_and_sizes_the_training_ops_outputs():
+    import os
+    if os.environ.get("MOK_TOKEN_BUCKET"):
+        pytest.skip("MOK_TOKEN_BUCKET is set here: it sizes the capacity-less calls too")
     layer = _layer()
     assert _forward(*layer, token_capacity=T)[0].shape == (T, H)
     assert _forward(*layer, token_capacity=4 * T)[0].shape == (T, H)

@@ -174,7 +174,7 @@ def test_max_tokens_is_checked_before_any_work():
 
 
 _MAX_TOKENS_CHILD = """
-import sys, torch, mok
+import os, sys, torch, mok
 from mok.nn import MoE
 assert torch.ops.mok.forward_cache_info()[0] == 0  # a fresh process: an empty op cache
 torch.manual_seed(5)
@@ -182,6 +182,11 @@ H, I, E, K, S = 256, 128, 8, 2, 128
 exact = MoE(H, I, E, K, shared_intermediate=S, device="cuda")
 capped = MoE(H, I, E, K, shared_intermediate=S, device="cuda", max_tokens=300)
 capped.load_state_dict(exact.state_dict())
+# Save mode: the training op's schedule and pre-activations come sized for
+# the capacity, and the backward must read only the call's rows of them.
+saving = MoE(H, I, E, K, shared_intermediate=S, device="cuda", max_tokens=300, save_activations=True)
+saving.load_state_dict(exact.state_dict())
+NAMES = ("out", "x.grad", "w13.grad", "w2.grad", "shared_w13.grad", "shared_w2.grad", "router.grad")
 
 def run(layer, x):
     for p in layer.parameters():
@@ -189,7 +194,13 @@ def run(layer, x):
     x = x.clone().requires_grad_(True)
     out = layer(x)
     out.float().pow(2).sum().backward()
-    return [t.detach().clone() for t in (out, x.grad, layer.w13.grad, layer.w2.grad, layer.shared_w13.grad)]
+    return [t.detach().clone() for t in (out, x.grad, layer.w13.grad, layer.w2.grad, layer.shared_w13.grad,
+                                         layer.shared_w2.grad, layer.router.weight.grad)]
+
+def same(a, b):
+    if a.dtype == torch.bfloat16:
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    return torch.equal(a, b)
 
 xs = [(torch.rand(n, H, device="cuda") * 2 - 1).bfloat16() for n in (300, 77, 1, 256, 129)]
 got = []
@@ -199,10 +210,17 @@ for x in xs:
     if held != 1:
         sys.exit("%d objects after a call of %d tokens under max_tokens = 300; expected 1" % (held, x.shape[0]))
 for x, mine in zip(xs, got):
-    for name, a, b in zip(("out", "x.grad", "w13.grad", "w2.grad", "shared_w13.grad"), mine, run(exact, x)):
-        if not torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b):
+    want = run(exact, x)
+    for name, a, b in zip(NAMES, mine, want):
+        if not same(a, b):
             sys.exit("%s differs from the exact layer's at %d tokens" % (name, x.shape[0]))
+    for backward in ("staged", "fused"):  # save mode through either backward (R = 1: the same bits)
+        os.environ["MOK_BACKWARD"] = backward
+        for name, a, b in zip(NAMES, run(saving, x), want):
+            if not same(a, b):
+                sys.exit("save mode, %s backward: %s differs from the exact layer's at %d tokens"
+                         % (backward, name, x.shape[0]))
+    os.environ.pop("MOK_BACKWARD")
 if torch.ops.mok.forward_cache_info()[0] < 2:
     sys.exit("the exact layer should have made objects of its own")
 """

@@ -7,7 +7,7 @@
 // DeepSeek-V3 recipe).
 //
 // Per element and stage: part = sum over the stage's K of a * b (four
-// m64n128k32 wgmma, in order, the first overwriting), then
+// m64nNk32 wgmma, in order, the first overwriting), then
 //   acc = part * (sa * sb)                 first stage
 //   acc = fma_rn(part, sa * sb, acc)       later stages
 // (computed as the fma from acc = -0.0 for the first stage too: the same bits,
@@ -15,13 +15,15 @@
 // rounds nothing. The same
 // sequence for every element whatever the tile's place or the grid.
 //
-// Two partial sums take turns: stage kb + 1's wgmma run on the tensor cores
-// while stage kb's partial is promoted. With one, a warpgroup's tensor work
-// stops for every promotion, and the two consumer warpgroups (which read the
-// same stages) promote at the same moments: the tensor cores idled half the
-// time (ncu: tensor pipe 47% busy, docs/perf-notes.md q1). Register cost: one
-// more partial (64 per thread); the order of operations on every element is
-// unchanged, so the bits are too.
+// Two partial sums take turns, so that a warpgroup's promotions overlap its
+// own next wgmma: in the 128 x 128 and split-N tiles (mma_fp8_tile), stage
+// kb + 1's wgmma run while stage kb's 64-register partial is promoted; in the
+// wide tile (mma_fp8_wide_tile), a stage's four 64-column quarters take two
+// 32-register partials in turn. With one partial, a warpgroup's tensor work
+// stops for every promotion and the two consumer warpgroups (which read the
+// same stages) promote at the same moments (ncu: tensor pipe 47% busy,
+// docs/perf-notes.md q1, q9). The order of operations on every element is
+// the same whichever way, so are the bits.
 #pragma once
 
 #include <cstdint>
@@ -155,7 +157,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   };
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);
-  const int k_blocks = scales.k_blocks;
+  const int k_blocks = scales.k_blocks;  // >= 1: K >= 128 is a layer rule (forward_options.cpp)
   // The scales one stage ahead (their L2 latency off the promotion's path).
   StageScales sc = load_scales(0);
   StageDescs cur = take_stage();
