@@ -55,6 +55,13 @@ struct BackwardRankTensors {
   void* dw2 = nullptr;                  // [E/R, H, I]
   void* dshared_w13 = nullptr;          // [2S, H]: this rank's tokens' share (a data-parallel sum of them
   void* dshared_w2 = nullptr;           // [H, S]   over ranks is the layer's)
+  // Optional: the forward pass's token count of this rank, at most the
+  // layer's tokens_per_rank[r], which is then a capacity (as RankTensors::
+  // tokens is for the forward: nothing is reallocated when the count changes
+  // from pass to pass): x, weights, shared_preact, dout, dx and dweights hold
+  // `tokens` rows. -1: tokens_per_rank[r]. The outputs are the bits an
+  // object made for exactly these counts gives.
+  int tokens = -1;
 };
 
 // How a pass writes the weight gradients: each is one fp32 sum per element
@@ -80,9 +87,9 @@ enum class BackwardMode : int32_t {
 
 class FusedBackward {
  public:
-  // The layer, with the forward pass's exact token counts per rank (a
-  // forward run with RankTensors::tokens below the layer's capacity needs a
-  // FusedBackward made for those counts), and the forward's options: the
+  // The layer, with the forward pass's token counts per rank, or a capacity
+  // for them (then each pass gives its counts in BackwardRankTensors::tokens),
+  // and the forward's options: the
   // same SM split, minibatch and lookahead rules; ring_slots is replaced (the
   // backward's buffers hold the whole schedule); comm_ctas_per_rank 0 means
   // twice the forward's rule (the backward pulls two rows, dout and x, per

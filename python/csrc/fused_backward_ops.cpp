@@ -56,9 +56,11 @@
 // and a recompute-mode object of one layer are two entries, their workspaces
 // differ), made with the forward's options (it
 // validates them as the forward did, then replaces ring_slots with its own),
-// kept in a small LRU cache like the forward's. FusedBackward has no per-pass
-// token count (RankTensors::tokens' twin), so MOK_TOKEN_BUCKET does not reach
-// it: each distinct set of counts makes its own object. No host synchronisation unless
+// kept in a small LRU cache like the forward's. With token_capacity (the
+// forward's), the object is made for the capacity and each pass gives its
+// counts (BackwardRankTensors::tokens): counts that change from call to call
+// share it. Without, each distinct set of counts makes its own object
+// (MOK_TOKEN_BUCKET does not reach the backward). No host synchronisation unless
 // check_errors (then it waits and raises if the pass aborted), as the forward.
 // Kernels: CUDA, Meta (the same checks, outputs of the right shapes), CPU
 // (refuses, with a message). Errors follow op_errors.hpp.
@@ -163,7 +165,8 @@ bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defi
 
 // The layer the arguments describe, once they are checked.
 struct BackwardCall {
-  mok::LayerConfig config;  // this call's token counts (the backward has no capacity of its own)
+  mok::LayerConfig config;  // this call's token counts
+  mok::LayerConfig object;  // the object's: config, or the token_capacity for every rank
   BackwardKey key;
   bool recompute = false;   // preact and shared_preact empty: BackwardMode::kRecompute
   at::Device device = at::kCPU;
@@ -178,7 +181,8 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
                                       const std::optional<at::Tensor>& shared_w2, at::TensorList preact,
                                       at::TensorList shared_preact, at::TensorList expert_rows,
                                       at::TensorList expert_offset, at::TensorList schedule_rows,
-                                      at::TensorList dout, at::IntArrayRef tuning, const MainGrads& main) {
+                                      at::TensorList dout, at::IntArrayRef tuning, const MainGrads& main,
+                                      int64_t token_capacity) {
   const int64_t R = static_cast<int64_t>(x.size());
   expect(R >= 1, "x must hold one tensor per rank (got an empty list)");
   // Recompute mode: no pre-activations at all (the training op's keep_preact=False).
@@ -253,7 +257,8 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
   }
 
   // What the forward kept: at least this call's capacity of schedule rows
-  // (the forward's own may be larger, rounded up to MOK_TOKEN_BUCKET).
+  // (the forward's own may be larger: its token_capacity's, or rounded up to
+  // MOK_TOKEN_BUCKET).
   call.capacity = mok::FusedForward::saved_rows_for(config);
   for (int64_t r = 0; r < R; ++r) {
     const std::string at = at_rank(r);
@@ -288,9 +293,21 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
   check_main(main.shared_w13, "main_shared_w13", kMainGrad2, {2 * S, H}, "[2S, H]");
   check_main(main.shared_w2, "main_shared_w2", kMainGrad2, {H, S}, "[H, S]");
 
+  expect(token_capacity >= 0, "token_capacity = " + num(token_capacity) + " must be >= 0 (0: none)");
+  call.object = config;
+  if (token_capacity > 0) {
+    const int capacity = checked_int(token_capacity, "token_capacity");
+    for (int64_t r = 0; r < R; ++r) {
+      expect(config.tokens_per_rank[static_cast<size_t>(r)] <= capacity,
+             "x" + at_rank(r) + " has " + num(config.tokens_per_rank[static_cast<size_t>(r)]) +
+                 " tokens, more than token_capacity = " + num(token_capacity));
+    }
+    call.object.tokens_per_rank.assign(static_cast<size_t>(R), capacity);
+  }
+
   call.key.mode = recompute ? mok::BackwardMode::kRecompute : mok::BackwardMode::kSave;
   mok::torch_ops::ForwardKey& key = call.key.forward;
-  key.tokens_per_rank = config.tokens_per_rank;
+  key.tokens_per_rank = call.object.tokens_per_rank;
   key.hidden = config.hidden;
   key.intermediate = config.intermediate;
   key.num_experts = config.num_experts;
@@ -369,10 +386,11 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
                                     const std::optional<at::Tensor>& main_w2,
                                     const std::optional<at::Tensor>& main_shared_w13,
                                     const std::optional<at::Tensor>& main_shared_w2, bool check_errors,
-                                    bool bf16_weight_grads) {
+                                    bool bf16_weight_grads, int64_t token_capacity) {
   const MainGrads main{main_w13, main_w2, main_shared_w13, main_shared_w2};
   BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
-                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main);
+                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main,
+                                               token_capacity);
   call.bf16 = bf16_output(call, bf16_weight_grads);
   const c10::cuda::CUDAGuard guard(call.device);
   BackwardOutputs o = allocate(call, x, weights, main);
@@ -395,7 +413,7 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
   }
 
   const mok::world::PassStateLayout layout = mok::torch_ops::raising_torch_errors(
-      [&] { return mok::world::pass_state_layout(c, mok::world::fused_kernel_facts()); });
+      [&] { return mok::world::pass_state_layout(call.object, mok::world::fused_kernel_facts()); });
   std::vector<at::Tensor> states;
   std::vector<mok::BackwardRankTensors> tensors;
   // Rank r's rows of dx (16-byte aligned: H is a multiple of 64) and of
@@ -421,6 +439,7 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     t.dweights = dweights_rows.data_ptr<float>();
     t.dw13 = routed13 + r * El * 2 * I * H * element;
     t.dw2 = routed2 + r * El * H * I * element;
+    t.tokens = static_cast<int>(T);  // the object's count, or fewer under a capacity
     if (call.has_shared) {
       t.dshared_w13 = R > 1 ? shares13[r].data_ptr()
                             : (given(main.shared_w13) ? *main.shared_w13 : dshared_w13).data_ptr();
@@ -431,7 +450,7 @@ BackwardOutputs fused_backward_cuda(at::TensorList x, at::TensorList weights, at
     first += T;
   }
   mok::torch_ops::raising_torch_errors([&] {
-    auto cached = cached_backward(call.key, c);
+    auto cached = cached_backward(call.key, call.object);
     auto stream = c10::cuda::getCurrentCUDAStream(call.device.index()).stream();
     const std::lock_guard<std::mutex> lock(cached->mutex);
     cached->backward->run(tensors, stream,
@@ -467,10 +486,11 @@ BackwardOutputs fused_backward_meta(at::TensorList x, at::TensorList weights, at
                                     const std::optional<at::Tensor>& main_w2,
                                     const std::optional<at::Tensor>& main_shared_w13,
                                     const std::optional<at::Tensor>& main_shared_w2, bool /*check_errors*/,
-                                    bool bf16_weight_grads) {
+                                    bool bf16_weight_grads, int64_t token_capacity) {
   const MainGrads main{main_w13, main_w2, main_shared_w13, main_shared_w2};
   BackwardCall call = check_backward_arguments(x, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
-                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main);
+                                               expert_rows, expert_offset, schedule_rows, dout, tuning, main,
+                                               token_capacity);
   call.bf16 = bf16_output(call, bf16_weight_grads);
   return allocate(call, x, weights, main);
 }
@@ -483,7 +503,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
       "Tensor? shared_w2, Tensor[] preact, Tensor[] shared_preact, Tensor[] expert_rows, Tensor[] expert_offset, "
       "Tensor[] schedule_rows, Tensor[] dout, int[] tuning, Tensor(a!)? main_w13=None, Tensor(b!)? main_w2=None, "
       "Tensor(c!)? main_shared_w13=None, Tensor(d!)? main_shared_w2=None, bool check_errors=False, "
-      "bool bf16_weight_grads=False) -> "
+      "bool bf16_weight_grads=False, int token_capacity=0) -> "
       "(Tensor dx, Tensor dweights, Tensor dw13, Tensor dw2, Tensor dshared_w13, Tensor dshared_w2)");
   m.def("backward_cache_info() -> int[]", &backward_cache_info);
 }

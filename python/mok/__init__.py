@@ -34,14 +34,14 @@ is looked for), which registers:
                                preact, shared_preact, expert_rows, expert_offset,
                                schedule_rows, dout, tuning, main_w13=None, main_w2=None,
                                main_shared_w13=None, main_shared_w2=None, check_errors=False,
-                               bf16_weight_grads=False)
+                               bf16_weight_grads=False, token_capacity=0)
       -> (dx, dweights, dw13, dw2, dshared_w13, dshared_w2)
       The fused backward kernel over the same virtual world: the
       forward's inputs (per-rank lists, as fused_forward takes them), what
       fused_forward_train kept (its outputs after out, unchanged: preact and
       shared_preact empty lists, from keep_preact=False, select recompute
       mode, which recomputes gate/up and gives save mode's bits), dout[r]
-      bf16 [T_r, H] and the forward's tuning list. Returns single tensors,
+      bf16 [T_r, H], the forward's tuning list and its token_capacity. Returns single tensors,
       the ranks in order: dx bf16 [T, H] and dweights fp32 [T, k] (T = sum
       of T_r), dw13 fp32 [E, 2I, H] and dw2 fp32 [E, H, I] (rank r's experts
       at [r E/R, (r+1) E/R)), dshared_w13 fp32 [2S, H] and dshared_w2 fp32
@@ -202,7 +202,8 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     (variable batch or sequence length) allocate nothing and never
     synchronise the host; the outputs are the bits of an exact-size call.
     (The staged backward allocates through torch's caching allocator; the
-    fused backward kernel, MOK_BACKWARD=fused, makes an object per count.)
+    fused backward kernel, MOK_BACKWARD=fused, runs on one object made for
+    the capacity too.)
     0 (default): one workspace per distinct set of counts (cached, see
     below).
 

@@ -218,6 +218,7 @@ def _setup_fused_forward_train(ctx, inputs, output):
     ctx.keep_preact = bool(inputs[10]) if len(inputs) > 10 else True
     ctx.tuning = list(inputs[8])
     ctx.check_errors = bool(inputs[9])
+    ctx.token_capacity = int(inputs[11]) if len(inputs) > 11 else 0  # the forward's object: the backward's too
     if ctx.fused:
         _setup_fused_forward(ctx, inputs, output, [t for group in output[1:] for t in group])
         return
@@ -266,7 +267,7 @@ def _fused_kernel_backward(ctx, douts):
     dx, dweights, dw13, dw2, dsw13, dsw2 = torch.ops.mok.fused_backward(
         x, [w.float().contiguous() for w in weights], w13, w2, shared_w13, shared_w2, preact, shared_preact,
         expert_rows, expert_offset, schedule_rows, douts, ctx.tuning, main_w13, main_w2, main_sw13, main_sw2,
-        ctx.check_errors, bf16_weight_grads=w13[0].dtype == torch.bfloat16)
+        ctx.check_errors, bf16_weight_grads=w13[0].dtype == torch.bfloat16, token_capacity=ctx.token_capacity)
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
 

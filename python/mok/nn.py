@@ -114,10 +114,9 @@ class MoE(torch.nn.Module):
     max_tokens: the most tokens one call may bring (x's elements over
     hidden); calls with any count up to it run on one workspace made for it
     (mok.fused_forward's token_capacity: variable batch and sequence lengths
-    allocate nothing and never synchronise the host in the forward and the
-    default staged backward; the fused backward kernel, MOK_BACKWARD=fused,
-    still makes an object per count), shared by every layer of the same
-    shape, device and tuning; a larger call is a ValueError.
+    allocate nothing and never synchronise the host, in the forward and in
+    either backward), shared by every layer of the same shape, device and
+    tuning; a larger call is a ValueError.
     None: a workspace per distinct count (cached). Keyword tuning options
     (minibatch_rows, ring_slots, ...) go to mok.fused_forward unchanged.
 

@@ -125,6 +125,16 @@ def test_a_forward_with_a_larger_capacity_is_accepted():
     torch.ops.mok.fused_backward(*_meta_args([16, 9], 128, 64, 4, 2, 64, capacity_extra=300))
 
 
+def test_a_token_capacity_is_checked():
+    # The forward's token_capacity: the object is the capacity's, each count up to it runs on it.
+    args = _meta_args([16, 9], 128, 64, 4, 2, 64, capacity_extra=300)
+    torch.ops.mok.fused_backward(*args, token_capacity=16)
+    with pytest.raises(RuntimeError, match=r"x\[0\] has 16 tokens, more than token_capacity = 15"):
+        torch.ops.mok.fused_backward(*args, token_capacity=15)
+    with pytest.raises(RuntimeError, match=r"token_capacity = -2 must be >= 0"):
+        torch.ops.mok.fused_backward(*args, token_capacity=-2)
+
+
 def _with(args, index, value):
     args = list(args)
     args[index] = value
@@ -347,9 +357,10 @@ def test_the_training_ops_schema_keeps_its_old_calls():
     assert [r.name for r in schema.returns] == ["out", "preact", "shared_preact", "expert_rows", "expert_offset",
                                                 "schedule_rows"], schema
     assert all(str(r.type) == "List[Tensor]" for r in schema.returns), schema
-    # fused_backward's schema is unchanged: recompute mode is its empty preact lists.
+    # fused_backward's schema: recompute mode is its empty preact lists; the forward's
+    # token_capacity comes last.
     backward = [a.name for a in torch.ops.mok.fused_backward.default._schema.arguments]
-    assert backward[6:8] == ["preact", "shared_preact"] and backward[-1] == "bf16_weight_grads"
+    assert backward[6:8] == ["preact", "shared_preact"] and backward[-2:] == ["bf16_weight_grads", "token_capacity"]
 
 
 def _recompute(args):

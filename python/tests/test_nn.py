@@ -221,6 +221,9 @@ for x, mine in zip(xs, got):
                 sys.exit("save mode, %s backward: %s differs from the exact layer's at %d tokens"
                          % (backward, name, x.shape[0]))
     os.environ.pop("MOK_BACKWARD")
+held = torch.ops.mok.backward_cache_info()[0]
+if held != 1:  # the fused backward's objects: the capacity's, one for every count
+    sys.exit("%d fused backward objects for five counts under max_tokens = 300; expected 1" % held)
 if torch.ops.mok.forward_cache_info()[0] < 2:
     sys.exit("the exact layer should have made objects of its own")
 """

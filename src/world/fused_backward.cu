@@ -227,9 +227,17 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
     throw Error("FusedBackward::run: unknown WeightGradOutput " + std::to_string(static_cast<int>(weight_grads)));
   }
   const bool shared = c.shared_width() > 0;
+  std::vector<int32_t> pass_tokens(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const bool tokens = c.tokens_per_rank[static_cast<size_t>(r)] > 0;
+    const int capacity = c.tokens_per_rank[static_cast<size_t>(r)];
+    if (t.tokens < -1 || t.tokens > capacity) {
+      throw Error("FusedBackward::run: rank " + std::to_string(r) + ": tokens = " + std::to_string(t.tokens) +
+                  ": must be in [0, " + std::to_string(capacity) +
+                  "] (the layer's tokens_per_rank is the capacity), or -1 for the capacity");
+    }
+    pass_tokens[static_cast<size_t>(r)] = t.tokens < 0 ? capacity : t.tokens;
+    const bool tokens = pass_tokens[static_cast<size_t>(r)] > 0;
     require_pointer(t.x, "x", r, tokens);
     require_pointer(t.weights, "weights", r, tokens, kScalar);
     require_pointer(t.dout, "dout", r, tokens);
@@ -250,6 +258,12 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
       require_pointer(t.dshared_w2, "dshared_w2", r);
     }
   }
+
+  // This pass's token counts: the kernel derives its token tiles from them
+  // (the workspace is sized for the capacity), and the maps below read them.
+  s.with_params([&](auto& params) {
+    for (int r = 0; r < R; ++r) params.ranks[r].tokens = pass_tokens[static_cast<size_t>(r)];
+  });
 
   // The maps of every rank (host only: a failure here enqueues nothing).
   const cuuint64_t H = static_cast<cuuint64_t>(c.hidden), I = static_cast<cuuint64_t>(c.intermediate),

@@ -705,6 +705,61 @@ TEST(FusedBackward, RecomputeModeGivesTheSaveModesBits) {
   }
 }
 
+// Objects made for a capacity -- the forward's (RankTensors::tokens) and the
+// backward's (BackwardRankTensors::tokens) -- run passes whose token counts
+// change from pass to pass below it, and give the exact objects' bits, in
+// both modes. One pair of capacity objects serves every count.
+TEST(FusedBackward, ACapacityObjectGivesTheExactObjectsBitsAsTokenCountsChange) {
+  MOK_REQUIRE_HOPPER();
+  const std::vector<int> capacity_counts = {256, 256};
+  const auto capacity = layer_config(384, 192, 8, 2, 1, capacity_counts);
+  for (const mok::BackwardMode mode : {mok::BackwardMode::kSave, mok::BackwardMode::kRecompute}) {
+    const bool save = mode == mok::BackwardMode::kSave;
+    SCOPED_TRACE(save ? "save mode" : "recompute mode");
+    mok::FusedForward forward(capacity);
+    mok::FusedBackward backward(capacity, {}, mode);
+    for (const std::vector<int>& counts : {std::vector<int>{230, 170}, std::vector<int>{1, 256}, std::vector<int>{0, 64}}) {
+      SCOPED_TRACE("tokens " + std::to_string(counts[0]) + ", " + std::to_string(counts[1]));
+      const auto exact = layer_config(384, 192, 8, 2, 1, counts);
+      const Problem p = make_problem(exact, RoutingMode::kUniform, 91);
+      const Grads want = forward_then_backward(p, {}, mode);
+
+      // The training forward on the capacity object: what it keeps is sized
+      // for the capacity (poisoned: rows past the pass's are never read).
+      SavedPass saved;
+      std::vector<mok::RankTensors> tensors = p.device->tensors();
+      for (size_t r = 0; r < tensors.size(); ++r) {
+        saved.pass_state.emplace_back(forward.pass_state_bytes()).poison();
+        saved.preact.emplace_back(save ? static_cast<size_t>(forward.saved_rows()) * 2 * 192 * 2 : 0).poison();
+        saved.shared_preact.emplace_back(save ? static_cast<size_t>(counts[r]) * 2 * capacity.shared_width() * 2 : 0)
+            .poison();
+        tensors[r].tokens = counts[r];
+        tensors[r].pass_state = saved.pass_state.back().get();
+        tensors[r].preact = saved.preact.back().get();
+        tensors[r].shared_preact = saved.shared_preact.back().get();
+      }
+      forward.run(tensors);
+      forward.check();
+
+      const Outputs out(exact);
+      out.poison();
+      std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
+      for (size_t r = 0; r < ranks.size(); ++r) ranks[r].tokens = counts[r];
+      backward.run(ranks, nullptr, false);
+      backward.check();
+      expect_same_bits(out.download(), want);
+    }
+    // More tokens than the capacity is refused before any launch.
+    const auto over = layer_config(384, 192, 8, 2, 1, {64, 64});
+    const Problem p = make_problem(over, RoutingMode::kUniform, 92);
+    const SavedPass saved = run_training_forward(p, {}, mode);
+    const Outputs out(over);
+    std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
+    ranks[1].tokens = 257;
+    EXPECT_THROW(backward.run(ranks, nullptr, false), mok::Error);
+  }
+}
+
 // Recompute mode reads neither BackwardRankTensors::preact nor shared_preact:
 // given buffers of the save mode's sizes full of NaN (0xFF bytes), a pass
 // gives the bits it gives with them null (any value read would spread NaN).
