@@ -41,26 +41,35 @@ from .options import tuning_list
 
 BACKEND_NAME = "mok"
 
-_settings: dict = {"check_errors": False, "save_activations": False, "tuning": {}}
+_settings: dict = {"check_errors": False, "save_activations": False, "max_tokens": 0, "tuning": {}}
 # Where the kernel's tensors may live. meta: what torch.compile traces with
 # off the GPU (the op's Meta kernel runs the same checks as the CUDA one).
 _DEVICE_TYPES = ("cuda", "meta")
 
 
 def register(name: str = BACKEND_NAME, *, check_errors: bool = False, save_activations: bool = False,
-             **tuning) -> str:
+             max_tokens: int | None = None, **tuning) -> str:
     """Adds mok to transformers' ExpertsInterface under `name` (returned).
 
     check_errors: synchronise after every layer and raise on a stalled pass or
     a bad expert id. save_activations: the backward's save mode (the forward
     keeps gate/up instead of the backward recomputing it; see
-    mok.fused_forward). Keyword tuning options (mok.TUNING_OPTIONS) go to
-    mok.fused_forward for every layer. Registering again replaces the settings.
+    mok.fused_forward). max_tokens: the most tokens (batch x sequence) one
+    layer call may bring; every call up to it runs on the one workspace made
+    for it (mok.fused_forward's token_capacity: variable batch and sequence
+    lengths allocate nothing and never synchronise the host), a larger call
+    is a ValueError; None: a workspace per distinct count (cached). Keyword
+    tuning options (mok.TUNING_OPTIONS) go to mok.fused_forward for every
+    layer. Registering again replaces the settings.
     """
     from transformers.integrations.moe import ExpertsInterface
 
     tuning_list(tuning)  # unknown names raise TypeError here, not at the first layer
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < 1):
+        raise ValueError(f"max_tokens = {max_tokens!r}: must be a positive int (or None)")
     _settings["check_errors"] = bool(check_errors)
+    _settings["max_tokens"] = max_tokens or 0
     _settings["save_activations"] = bool(save_activations)
     _settings["tuning"] = dict(tuning)
     ExpertsInterface.register(name, experts_forward)
@@ -127,6 +136,10 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
                         f"and top_k_weights {tuple(top_k_weights.shape)} are not [T, H], [T, k], [T, k]")
     if problems:
         _refuse(self, problems)
+    capacity = _settings["max_tokens"]
+    if capacity and hidden_states.shape[0] > capacity:
+        raise ValueError(f"mok.hf: a layer call brings {hidden_states.shape[0]} tokens, more than "
+                         f"register(max_tokens={capacity}) allows")
     # int32 ids and fp32 weights are what the kernel reads; both casts are exact
     # for the values a router produces (ids < 2^31, bf16/fp32 weights).
     out = fused_forward([hidden_states.contiguous()], [top_k_index.to(torch.int32).contiguous()],
@@ -134,7 +147,7 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
                         [self.down_proj.contiguous()], num_experts=self.gate_up_proj.shape[0],
                         check_errors=_settings["check_errors"],
                         save_activations=_settings["save_activations"] and torch.is_grad_enabled(),
-                        **_settings["tuning"])[0]
+                        token_capacity=capacity, **_settings["tuning"])[0]
     return out
 
 

@@ -131,6 +131,31 @@ def test_the_backend_hands_the_kernel_what_its_contract_says(make_config, monkey
     assert error < 2e-2, error
 
 
+def test_max_tokens_reaches_the_kernel_as_its_token_capacity(monkeypatch):
+    seen = []
+
+    def recording(*args, token_capacity=0, **kwargs):
+        seen.append(token_capacity)
+        return _torch_fused_forward(*args, **kwargs)
+
+    monkeypatch.setattr(mok.hf, "fused_forward", recording)
+    monkeypatch.setattr(mok.hf, "_DEVICE_TYPES", ("cpu",))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_tokens"):
+            mok.hf.register(max_tokens=bad)
+    try:
+        mok.hf.register(max_tokens=16)
+        config = _qwen3_moe_config()
+        model = _model(config, "mok").to(torch.bfloat16).eval()
+        with torch.no_grad():
+            model(torch.randint(0, config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3)))
+            assert seen and set(seen) == {16}, seen
+            with pytest.raises(ValueError, match="17 tokens, more than register\\(max_tokens=16\\)"):
+                model(torch.randint(0, config.vocab_size, (1, 17), generator=torch.Generator().manual_seed(3)))
+    finally:
+        mok.hf.register()  # back to the default settings for the other tests
+
+
 def test_compile_fullgraph_traces_the_backend_without_a_graph_break():
     mok.hf.register()
     experts = _experts_modules(_model(_qwen3_moe_config(), "mok"))[0].to(device="meta", dtype=torch.bfloat16)
