@@ -263,8 +263,9 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
     identical for any R, minibatch, ring size or SM split; token_capacity as
     mok.fused_forward's. Forward only:
     backward raises (no FP8 backward yet). Keyword tuning options as
-    mok.fused_forward's, taken as given (the tuning cache holds bf16 entries
-    only); minibatch_rows must be a multiple of 128. check_errors=True also
+    mok.fused_forward's; with none given, the tuning cache's FP8 entry for
+    this layer and GPU (`mok_cli tune --fp8` stores them) when one exists;
+    minibatch_rows must be a multiple of 128. check_errors=True also
     checks the weights' bytes first (a pass over them, and a synchronisation):
     a NaN e4m3 value or a scale byte of 255 (NaN in UE8M0), which
     mok.quantize_weights never writes, raises ValueError naming the rank and
@@ -277,9 +278,12 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
         if check_errors:
             for r, part in enumerate(q):
                 _check_fp8_weight_bytes(part, f"{name}[{r}]")
+    tuning_list(tuning)  # unknown names raise TypeError before any lookup
+    options, _ = _resolve_tuning(x, expert_ids, [q.values for q in w13], [q.values for q in w2], shared_w2,
+                                 num_experts, tuning, token_capacity, precision="fp8")
     return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), [q.values for q in w13],
                                            [q.scales for q in w13], [q.values for q in w2], [q.scales for q in w2],
-                                           shared_w13, shared_w2, num_experts, tuning_list(tuning), check_errors,
+                                           shared_w13, shared_w2, num_experts, tuning_list(options), check_errors,
                                            token_capacity=token_capacity)
 
 
@@ -297,7 +301,7 @@ def _check_fp8_weight_bytes(q, name):
             raise ValueError(f"mok.fused_forward_fp8: {name}.values{bad[0].tolist()} is NaN")
 
 
-def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity=0):
+def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity=0, precision="bf16"):
     from . import tuning_source
     try:
         # With a capacity, the object is made (and tuned) for it.
@@ -310,7 +314,7 @@ def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, toke
     if layer is None:
         return tuning_source.resolve(tuning, hidden=0, intermediate=0, experts=0, top_k=0, shared=0,
                                      tokens_per_rank=0, world=0, device=None)
-    return tuning_source.resolve(tuning, **layer)
+    return tuning_source.resolve(tuning, **layer, precision=precision)
 
 
 def tuning_sources(x, expert_ids, w13, w2, shared_w2=None, *, num_experts: int, **tuning) -> dict:

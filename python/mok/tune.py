@@ -288,12 +288,15 @@ def _gpu_facts(device_index: int) -> tuple:
     return props.name, props.multi_processor_count, str(torch.version.cuda), driver_version()
 
 
-def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, device=None) -> TuneKey:
+def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, device=None,
+                precision: str = "bf16") -> TuneKey:
+    """precision "fp8": the fused FP8 forward's entries (mok_cli tune --fp8 stores them)."""
     import torch
     index = torch.cuda.current_device() if device is None or torch.device(device).index is None \
         else torch.device(device).index
     name, sms, cuda, driver = _gpu_facts(index)
-    return TuneKey(name, sms, cuda, driver, hidden, intermediate, experts, top_k, shared, tokens_bucket(tokens), world)
+    return TuneKey(name, sms, cuda, driver, hidden, intermediate, experts, top_k, shared, tokens_bucket(tokens), world,
+                   precision)
 
 
 def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10) -> Callable:

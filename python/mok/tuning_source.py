@@ -35,9 +35,11 @@ def _cache_path():
     return setting if setting and setting.lower() not in ("1", "on", "true", "yes") else default_cache_path()
 
 
-def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device) -> dict:
+def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device,
+                   precision: str = "bf16") -> dict:
     """The cache's options for this layer on this GPU, or {} (no cache, no entry,
-    disabled, or not a CUDA device: meta tensors under fake tracing have no GPU to key on)."""
+    disabled, or not a CUDA device: meta tensors under fake tracing have no GPU to key on).
+    precision "fp8": the FP8 forward's entries (mok_cli tune --fp8)."""
     if getattr(device, "type", None) != "cuda":
         return {}
     path = _cache_path()
@@ -48,7 +50,7 @@ def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank
     except OSError:
         return {}
     from . import tune
-    key = tune.current_key(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device)
+    key = tune.current_key(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device, precision)
     memo_key = (str(path), mtime, key.id())
     if memo_key not in _memo:
         entry = tune.TuningCache(path).lookup(key)
@@ -62,14 +64,16 @@ def _compiling() -> bool:
     return bool(getattr(torch.compiler, "is_compiling", lambda: False)())
 
 
-def resolve(tuning: dict, *, hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device):
+def resolve(tuning: dict, *, hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device,
+            precision: str = "bf16"):
     """(options, sources): the options to run with, and for each of
     mok.TUNING_OPTIONS where its value comes from (caller, cache, default)."""
     if tuning or _compiling():
         options = dict(tuning)
         source = SOURCE_CALLER
     else:
-        options = cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device)
+        options = cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device,
+                                 precision)
         source = SOURCE_CACHE
     sources = {name: (source if options.get(name) else SOURCE_DEFAULT) for name in TUNING_OPTIONS}
     return options, sources

@@ -90,6 +90,20 @@ def test_not_read_while_compiling_nor_for_meta_tensors(cache, monkeypatch):
     assert options == {} and all(v == "default" for v in sources.values())
 
 
+def test_fp8_entries_are_their_own(cache, monkeypatch):
+    # mok_cli tune --fp8 stores under precision "fp8"; mok.fused_forward_fp8 reads only those.
+    fp8_key = tune.TuneKey(*[getattr(KEY, f) for f in ("gpu", "sms", "cuda", "driver", "hidden", "intermediate",
+                                                       "experts", "top_k", "shared", "tokens_bucket", "world")],
+                           "fp8")
+    assert fp8_key.id() == KEY.id().replace("|bf16|", "|fp8|")
+    monkeypatch.setattr(tune, "current_key",
+                        lambda *args, **kw: fp8_key if (args[8:] or [kw.get("precision")])[0] == "fp8" else KEY)
+    cache.store(KEY, {"minibatch_rows": 2048})
+    cache.store(fp8_key, {"comm_ctas_per_rank": 9})
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {"minibatch_rows": 2048}
+    assert source.resolve({}, device=CUDA, **LAYER, precision="fp8")[0] == {"comm_ctas_per_rank": 9}
+
+
 def test_fused_forward_reports_the_options_it_would_use(monkeypatch):
     mok = pytest.importorskip("mok")
     monkeypatch.setattr(source, "cached_options", lambda *args: {"comm_ctas_per_rank": 5})

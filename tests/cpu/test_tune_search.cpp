@@ -15,6 +15,7 @@
 
 #include "mok/error.hpp"
 #include "tune/tune_args.hpp"
+#include "tune/tune_key.hpp"
 #include "tune/tune_progress.hpp"
 #include "tune/tune_search.hpp"
 #include "tune/tuning_grid.hpp"
@@ -161,6 +162,22 @@ TEST(TuneArgs, DimsOverrideThePreset) {
   EXPECT_EQ(args.rounds, 3);
   const char* none[] = {"tune", "--preset", "small", "--shared", "0"};
   EXPECT_EQ(mok::tune::tune_config(mok::tune::parse_tune_args(5, none)).shared_width(), 0);
+}
+
+TEST(TuneArgs, Fp8TunesTheFp8LayerUnderItsOwnKey) {
+  const char* argv[] = {"tune", "--fp8"};
+  const mok::tune::TuneArgs args = mok::tune::parse_tune_args(2, argv);
+  EXPECT_TRUE(args.fp8);
+  const mok::LayerConfig config = mok::tune::tune_config(args);
+  EXPECT_EQ(config.dtype, mok::DType::kFP8E4M3);
+  const mok::tune::GpuFacts gpu{"NVIDIA H200", 132, "13.0", "13000"};
+  const std::string fp8 = mok::tune::forward_key(gpu, config).id();
+  const char* plain[] = {"tune"};
+  const std::string bf16 = mok::tune::forward_key(gpu, mok::tune::tune_config(mok::tune::parse_tune_args(1, plain))).id();
+  EXPECT_EQ(fp8, "NVIDIA H200|132|13.0|13000|7168|2048|32|8|2048|4096|1|fp8|forward");
+  EXPECT_EQ(bf16, "NVIDIA H200|132|13.0|13000|7168|2048|32|8|2048|4096|1|bf16|forward");
+  // (The FP8 shape rules, H a multiple of 256 and so on, are the library's:
+  // the tuner's first FusedForward refuses such a layer, by name, on the GPU.)
 }
 
 TEST(TuneArgs, BadOptionsAreRefusedByName) {

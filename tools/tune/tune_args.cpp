@@ -56,6 +56,7 @@ TuneArgs parse_tune_args(int argc, const char* const* argv) {
     else if (arg == "--world") a.world = integer<int>(arg, value());
     else if (arg == "--tokens") a.tokens = integer<int>(arg, value());
     else if (arg == "--routing") a.routing = value();
+    else if (arg == "--fp8") a.fp8 = true;
     else if (arg == "--seed") a.seed = integer<uint64_t>(arg, value());
     else if (arg == "--budget") a.budget_s = seconds(arg, value());
     else if (arg == "--cache") a.cache = value();
@@ -80,6 +81,9 @@ std::string tune_usage() {
          "  --world R              ranks of the virtual world on one GPU (default 1)\n"
          "  --tokens T             tokens per rank (default 4096; the cache keys on its power-of-two bucket)\n"
          "  --routing MODE         uniform | skewed | same (default uniform)\n"
+         "  --fp8                  tune the fused FP8 forward (routed weights quantized as\n"
+         "                         mok.quantize_weights does; an entry of its own, precision fp8, which\n"
+         "                         mok.fused_forward_fp8 reads)\n"
          "  --seed S               synthetic data seed (default 1)\n"
          "  --budget SECONDS       time for the search (default 120); a candidate started runs to its end\n"
          "  --cache PATH           cache file (default $XDG_CACHE_HOME/mok/tuning.json, else\n"
@@ -97,10 +101,9 @@ LayerConfig tune_config(const TuneArgs& args) {
   if (args.shared && *args.shared < 0) throw Error("tune --shared " + std::to_string(*args.shared) + ": a width >= 0");
   if (args.shared) shape.num_shared_experts = *args.shared > 0 ? 1 : 0;
   LayerConfig config = make_config(shape, args.world, args.tokens);
-  if (args.shared && *args.shared > 0) {
-    config.shared_intermediate = *args.shared;
-    validate(config);
-  }
+  if (args.shared && *args.shared > 0) config.shared_intermediate = *args.shared;
+  if (args.fp8) config.dtype = DType::kFP8E4M3;
+  validate(config);
   return config;
 }
 

@@ -20,6 +20,7 @@ struct TuneArgs {
   int world = 1;              // ranks of the virtual world on one GPU
   int tokens = 4096;          // per rank
   std::string routing = "uniform";
+  bool fp8 = false;           // the fused FP8 forward (its own cache entries: precision "fp8")
   uint64_t seed = 1;
   double budget_s = 120;      // as python -m mok.tune
   std::string cache;          // empty: default_cache_path()

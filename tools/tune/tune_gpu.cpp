@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/cuda_check.hpp"
 #include "forward_timing.hpp"
@@ -22,6 +23,7 @@
 #include "tune/tune_search.hpp"
 #include "tune/tuning_cache.hpp"
 #include "tune/tuning_grid.hpp"
+#include "world/fp8_weights.hpp"
 
 namespace mok::tune {
 namespace {
@@ -82,6 +84,11 @@ int run_tune_on_gpu(const TuneArgs& args) {
 
   const synthetic::Layer layer = synthetic::make_layer(config, args.seed, tools::routing_mode(args.routing));
   const DeviceLayer device(layer);
+  // FP8: the routed weights quantized on the host (mok::fp8::quantize_weight),
+  // x stays bf16 (the kernel quantizes it).
+  std::unique_ptr<world::Fp8RoutedWeights> fp8_weights;
+  if (config.dtype == DType::kFP8E4M3) fp8_weights = std::make_unique<world::Fp8RoutedWeights>(layer);
+  const std::vector<RankTensors> tensors = fp8_weights ? fp8_weights->apply(device.tensors()) : device.tensors();
   ForwardPair forwards(config);
   ProgressLine progress(stderr, args.budget_s);
   std::map<OptionSet, std::string> refused;
@@ -102,7 +109,7 @@ int run_tune_on_gpu(const TuneArgs& args) {
     }
     const std::array<FusedForward*, 2> pair{fa, &fb};
     const auto visits = tools::paired_rounds(pair, args.rounds, /*mirrored=*/true, [&](FusedForward& f) {
-      return tools::ForwardTiming{NAN, tools::time_back_to_back(f, device.tensors(), args.iterations, 1), NAN};
+      return tools::ForwardTiming{NAN, tools::time_back_to_back(f, tensors, args.iterations, 1), NAN};
     });
     return tools::median(tools::round_ratios(visits, 0, 1, &tools::ForwardTiming::back_to_back_ms));
   };

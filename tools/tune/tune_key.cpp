@@ -55,6 +55,7 @@ TuneKey forward_key(const GpuFacts& gpu, const LayerConfig& config) {
   const auto largest = std::max_element(config.tokens_per_rank.begin(), config.tokens_per_rank.end());
   key.tokens_bucket = tokens_bucket(largest == config.tokens_per_rank.end() ? 0 : *largest);
   key.world = config.world_size;
+  key.precision = config.dtype == DType::kFP8E4M3 ? "fp8" : "bf16";
   return key;
 }
 
