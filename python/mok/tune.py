@@ -299,29 +299,40 @@ def current_key(hidden, intermediate, experts, top_k, shared, tokens, world=1, d
                    precision)
 
 
-def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10) -> Callable:
-    """compare(a, b) for mok.fused_forward on one layer: rounds of `passes`
-    passes with options a, b, b, a; the median of the per-round ratios."""
+def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes: int = 10,
+                   forward: Callable | None = None) -> Callable:
+    """compare(a, b) for mok.fused_forward (or `forward`, mok.fused_forward_fp8
+    with its quantized weights in layer_args) on one layer: rounds of
+    `passes` passes with options a, b, b, a; the median of the per-round
+    ratios. A candidate `a` the library refuses for this layer (a
+    RuntimeError naming the option) is never faster: infinity."""
     import torch
 
     from . import fused_forward
 
     from .options import TUNING_OPTIONS
+    run = forward or fused_forward
 
     def timed(options):
         # Every option named (0 = the library's default), so that the tuning
         # cache never stands in for "the defaults" (mok/tuning_source.py).
         options = {name: options.get(name, 0) for name in TUNING_OPTIONS}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        fused_forward(*layer_args, num_experts=num_experts, **options)  # warm (and build its workspace)
+        run(*layer_args, num_experts=num_experts, **options)  # warm (and build its workspace)
         start.record()
         for _ in range(passes):
-            fused_forward(*layer_args, num_experts=num_experts, **options)
+            run(*layer_args, num_experts=num_experts, **options)
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
 
     def compare(a: dict, b: dict) -> float:
+        try:
+            run(*layer_args, num_experts=num_experts, **{name: a.get(name, 0) for name in TUNING_OPTIONS})
+        except RuntimeError as e:
+            print(f"mok.tune: {a} refused: {e}")
+            return math.inf
+
         # a b b a per round, so that a clock drifting within a round favours neither.
         def one_round():
             a1, b1, b2, a2 = timed(a), timed(b), timed(b), timed(a)
@@ -342,6 +353,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=120.0, help="seconds of tuning")
     p.add_argument("--cache", default=None, help=f"cache file (default {default_cache_path()})")
     p.add_argument("--plot", default=None, help="write the sweep as a PNG")
+    p.add_argument("--fp8", action="store_true",
+                   help="tune the fused FP8 forward (weights from mok.quantize_weights; entries of precision fp8)")
     args = p.parse_args(argv)
 
     import torch
@@ -352,10 +365,19 @@ def main(argv=None) -> int:
         return 2
     layer = random_global_layer(args.tokens, args.hidden, args.intermediate, args.experts, args.top_k, args.shared,
                                 seed=1, device="cuda")
-    compare = paired_compare(split_world(layer, 1), args.experts)
+    layer_args = split_world(layer, 1)
+    forward = None
+    if args.fp8:
+        from . import fused_forward_fp8, quantize_weights
+        x, ids, w, w13, w2, shared_w13, shared_w2 = layer_args
+        layer_args = (x, ids, w, [quantize_weights(t) for t in w13], [quantize_weights(t) for t in w2],
+                      shared_w13, shared_w2)
+        forward = fused_forward_fp8
+    compare = paired_compare(layer_args, args.experts, forward=forward)
     result = search({}, DEFAULT_GRID, compare, args.budget)
     print(table(result))
-    key = current_key(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, args.tokens)
+    key = current_key(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, args.tokens,
+                      precision="fp8" if args.fp8 else "bf16")
     TuningCache(args.cache).store(key, result.best, speedup=result.speedup, tuning_seconds=result.seconds,
                                   tool="python -m mok.tune")
     print(f"mok.tune: stored for {key.id()} in {TuningCache(args.cache).path}")

@@ -3,6 +3,7 @@ budget and noise margin, the cache's round trip, its tolerance of corrupt
 files and concurrent writers, the entries mok_cli tune writes, and the plot."""
 
 import json
+import math
 import multiprocessing
 import os
 import pathlib
@@ -185,3 +186,15 @@ def test_the_driver_version_is_read_from_libcuda_or_is_zero_without_one(monkeypa
     monkeypatch.setattr(ctypes, "CDLL", missing)
     assert driver_version() == "0"
     driver_version.cache_clear()
+
+
+def test_a_candidate_the_library_refuses_is_never_faster():
+    # paired_compare's first call of the candidate raises (as the op does
+    # for an option this layer cannot run): infinity, before any timing.
+    def forward(*args, num_experts, **options):
+        if options["minibatch_rows"] == 512:
+            raise RuntimeError("minibatch_rows = 512 refused")
+        raise AssertionError("only the refused candidate may run here (timing needs a GPU)")
+
+    compare = tune.paired_compare((), 4, forward=forward)
+    assert compare({"minibatch_rows": 512}, {}) == math.inf
