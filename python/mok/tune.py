@@ -326,10 +326,19 @@ def paired_compare(layer_args: tuple, num_experts: int, rounds: int = 5, passes:
         end.synchronize()
         return start.elapsed_time(end)
 
+    ran = set()  # option sets known to run (the baseline `b` must: a refusal there ends the search)
+
     def compare(a: dict, b: dict) -> float:
+        def call(options):
+            run(*layer_args, num_experts=num_experts, **{name: options.get(name, 0) for name in TUNING_OPTIONS})
+            ran.add(json.dumps(options, sort_keys=True))
+        if json.dumps(b, sort_keys=True) not in ran:
+            call(b)  # the defaults first of all: a layer the library cannot run at all raises here
         try:
-            run(*layer_args, num_experts=num_experts, **{name: a.get(name, 0) for name in TUNING_OPTIONS})
-        except RuntimeError as e:
+            call(a)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError as e:  # the op's refusal of an option for this layer names it
             print(f"mok.tune: {a} refused: {e}")
             return math.inf
 

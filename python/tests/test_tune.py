@@ -190,11 +190,19 @@ def test_the_driver_version_is_read_from_libcuda_or_is_zero_without_one(monkeypa
 
 def test_a_candidate_the_library_refuses_is_never_faster():
     # paired_compare's first call of the candidate raises (as the op does
-    # for an option this layer cannot run): infinity, before any timing.
+    # for an option this layer cannot run): infinity, before any timing. The
+    # baseline runs first, once; a baseline the library refuses (a layer it
+    # cannot run at all) ends the search with the op's error.
+    calls = []
+
     def forward(*args, num_experts, **options):
-        if options["minibatch_rows"] == 512:
-            raise RuntimeError("minibatch_rows = 512 refused")
-        raise AssertionError("only the refused candidate may run here (timing needs a GPU)")
+        calls.append(options["minibatch_rows"])
+        if options["minibatch_rows"] in (512, 1024):
+            raise RuntimeError(f"minibatch_rows = {options['minibatch_rows']} refused")
 
     compare = tune.paired_compare((), 4, forward=forward)
     assert compare({"minibatch_rows": 512}, {}) == math.inf
+    assert compare({"minibatch_rows": 1024}, {}) == math.inf
+    assert calls == [0, 512, 1024]  # the baseline once, each candidate once, nothing timed
+    with pytest.raises(RuntimeError, match="1024 refused"):
+        compare({"minibatch_rows": 512}, {"minibatch_rows": 1024})

@@ -393,8 +393,8 @@ void FusedBackward::check(CUstream_st* stream) {
   if (static_cast<protocol::CounterId>(stall.counter) == protocol::CounterId::kScheduleOverflow) {
     throw Error("fused backward: rank " + std::to_string(stall.waiter) + "'s schedule (its pass state) has " +
                 std::to_string(stall.observed) + " padded rows, more than the " + std::to_string(stall.target) +
-                " this FusedBackward's buffers hold: it comes from a forward of another layer or other token "
-                "counts (make the FusedBackward for the forward pass's exact token counts)");
+                " this FusedBackward's buffers hold: it comes from a forward of another layer or of more tokens "
+                "(make the FusedBackward for the forward pass's token counts, or for a capacity at least as large)");
   }
   throw Error(std::string("fused backward: the pass aborted: rank ") + std::to_string(stall.waiter) +
               " waited on " + protocol::counter_name(static_cast<protocol::CounterId>(stall.counter)) + "[" +

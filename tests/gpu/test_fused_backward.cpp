@@ -755,6 +755,7 @@ TEST(FusedBackward, ACapacityObjectGivesTheExactObjectsBitsAsTokenCountsChange) 
     const SavedPass saved = run_training_forward(p, {}, mode);
     const Outputs out(over);
     std::vector<mok::BackwardRankTensors> ranks = backward_tensors(p, saved, out);
+    ranks[0].tokens = 64;
     ranks[1].tokens = 257;
     EXPECT_THROW(backward.run(ranks, nullptr, false), mok::Error);
   }
