@@ -317,11 +317,16 @@ def _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, toke
     return tuning_source.resolve(tuning, **layer, precision=precision)
 
 
-def tuning_sources(x, expert_ids, w13, w2, shared_w2=None, *, num_experts: int, **tuning) -> dict:
-    """For a call of mok.fused_forward with these arguments: each tuning
+def tuning_sources(x, expert_ids, w13, w2, shared_w2=None, *, num_experts: int, token_capacity: int = 0,
+                   fp8: bool = False, **tuning) -> dict:
+    """For a call of mok.fused_forward (fp8=True: mok.fused_forward_fp8, whose
+    w13 / w2 are then mok.QuantizedWeights) with these arguments: each tuning
     option's value (0 = the library's default or rule) and where it comes from
     ("caller", "cache" or "default")."""
-    options, sources = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning)
+    if fp8:
+        w13, w2 = [q.values for q in w13], [q.values for q in w2]
+    options, sources = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity,
+                                       precision="fp8" if fp8 else "bf16")
     return {name: (options.get(name, 0), sources[name]) for name in TUNING_OPTIONS}
 
 

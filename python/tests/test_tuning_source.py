@@ -117,3 +117,11 @@ def test_fused_forward_reports_the_options_it_would_use(monkeypatch):
     assert got["comm_ctas_per_rank"] == (5, "cache")
     assert got["minibatch_rows"] == (0, "default")
     assert mok.tuning_sources(x, ids, w13, w2, num_experts=E, ring_slots=2)["ring_slots"] == (2, "caller")
+    # The FP8 forward's lookup: its precision, its quantized weights' shapes.
+    asked = []
+    monkeypatch.setattr(source, "cached_options", lambda *args: asked.append(args) or {"ring_slots": 3})
+    q13 = [mok.QuantizedWeights(w, None, None, None) for w in w13]
+    q2 = [mok.QuantizedWeights(w, None, None, None) for w in w2]
+    got = mok.tuning_sources(x, ids, q13, q2, num_experts=E, fp8=True, token_capacity=64)
+    assert got["ring_slots"] == (3, "cache")
+    assert asked[-1][-1] == "fp8" and asked[-1][1] == I and asked[-1][5] == 64
