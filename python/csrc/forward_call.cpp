@@ -50,6 +50,17 @@ int token_bucket() {
   return bucket;
 }
 
+std::vector<int> capacity_counts(const std::vector<int>& tokens, int64_t token_capacity) {
+  expect(token_capacity >= 0, "token_capacity = " + num(token_capacity) + " must be >= 0 (0: none)");
+  if (token_capacity == 0) return tokens;
+  const int capacity = checked_int(token_capacity, "token_capacity");
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    expect(tokens[r] <= capacity, "x" + at_rank(static_cast<int64_t>(r)) + " has " + num(tokens[r]) +
+                                      " tokens, more than token_capacity = " + num(token_capacity));
+  }
+  return std::vector<int>(tokens.size(), capacity);
+}
+
 ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids, at::TensorList weights,
                                     at::TensorList w13, at::TensorList w2,
                                     const std::optional<at::Tensor>& shared_w13,
@@ -109,15 +120,8 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
   }
 
   call.tokens = config.tokens_per_rank;
-  expect(token_capacity >= 0, "token_capacity = " + num(token_capacity) + " must be >= 0 (0: none)");
-  if (token_capacity > 0) {
-    const int capacity = checked_int(token_capacity, "token_capacity");
-    for (size_t r = 0; r < call.tokens.size(); ++r) {
-      expect(call.tokens[r] <= capacity, "x" + at_rank(static_cast<int64_t>(r)) + " has " + num(call.tokens[r]) +
-                                             " tokens, more than token_capacity = " + num(token_capacity));
-    }
-    config.tokens_per_rank.assign(call.tokens.size(), capacity);
-  } else if (const int bucket = token_bucket(); bucket > 0) {
+  config.tokens_per_rank = capacity_counts(call.tokens, token_capacity);
+  if (const int bucket = token_bucket(); token_capacity == 0 && bucket > 0) {
     for (int& t : config.tokens_per_rank) t = checked_int((static_cast<int64_t>(t) + bucket - 1) / bucket * bucket,
                                                           "a token count rounded up to MOK_TOKEN_BUCKET");
   }

@@ -40,6 +40,11 @@ ForwardCall check_forward_arguments(at::TensorList x, at::TensorList expert_ids,
                                     at::IntArrayRef tuning, int64_t token_capacity,
                                     at::ScalarType expert_dtype = at::kBFloat16);
 
+// The token counts an op's object is made for: every rank's count in
+// `tokens` when token_capacity is 0, else token_capacity for every rank
+// (refusing a count above it, naming the rank, and a negative capacity).
+std::vector<int> capacity_counts(const std::vector<int>& tokens, int64_t token_capacity);
+
 // One output per rank, shaped and typed as that rank's x (uninitialized).
 std::vector<at::Tensor> outputs_like(at::TensorList x);
 

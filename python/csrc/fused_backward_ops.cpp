@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "forward_cache.hpp"
+#include "forward_call.hpp"
 #include "forward_tensors.hpp"
 #include "lru_cache.hpp"
 #include "mok/fused_backward.hpp"
@@ -293,17 +294,8 @@ BackwardCall check_backward_arguments(at::TensorList x, at::TensorList weights, 
   check_main(main.shared_w13, "main_shared_w13", kMainGrad2, {2 * S, H}, "[2S, H]");
   check_main(main.shared_w2, "main_shared_w2", kMainGrad2, {H, S}, "[H, S]");
 
-  expect(token_capacity >= 0, "token_capacity = " + num(token_capacity) + " must be >= 0 (0: none)");
   call.object = config;
-  if (token_capacity > 0) {
-    const int capacity = checked_int(token_capacity, "token_capacity");
-    for (int64_t r = 0; r < R; ++r) {
-      expect(config.tokens_per_rank[static_cast<size_t>(r)] <= capacity,
-             "x" + at_rank(r) + " has " + num(config.tokens_per_rank[static_cast<size_t>(r)]) +
-                 " tokens, more than token_capacity = " + num(token_capacity));
-    }
-    call.object.tokens_per_rank.assign(static_cast<size_t>(R), capacity);
-  }
+  call.object.tokens_per_rank = mok::torch_ops::capacity_counts(config.tokens_per_rank, token_capacity);
 
   call.key.mode = recompute ? mok::BackwardMode::kRecompute : mok::BackwardMode::kSave;
   mok::torch_ops::ForwardKey& key = call.key.forward;

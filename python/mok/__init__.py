@@ -279,10 +279,11 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
             for r, part in enumerate(q):
                 _check_fp8_weight_bytes(part, f"{name}[{r}]")
     tuning_list(tuning)  # unknown names raise TypeError before any lookup
-    options, _ = _resolve_tuning(x, expert_ids, [q.values for q in w13], [q.values for q in w2], shared_w2,
-                                 num_experts, tuning, token_capacity, precision="fp8")
-    return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), [q.values for q in w13],
-                                           [q.scales for q in w13], [q.values for q in w2], [q.scales for q in w2],
+    w13_values, w2_values = [q.values for q in w13], [q.values for q in w2]
+    options, _ = _resolve_tuning(x, expert_ids, w13_values, w2_values, shared_w2, num_experts, tuning,
+                                 token_capacity, precision="fp8")
+    return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), w13_values,
+                                           [q.scales for q in w13], w2_values, [q.scales for q in w2],
                                            shared_w13, shared_w2, num_experts, tuning_list(options), check_errors,
                                            token_capacity=token_capacity)
 

@@ -34,12 +34,11 @@ register(check_errors=True) to have every layer synchronise and raise on one
 
 from __future__ import annotations
 
-import numbers
 
 import torch
 
 from . import fused_forward
-from .options import tuning_list
+from .options import token_capacity, tuning_list
 
 BACKEND_NAME = "mok"
 
@@ -67,11 +66,9 @@ def register(name: str = BACKEND_NAME, *, check_errors: bool = False, save_activ
     from transformers.integrations.moe import ExpertsInterface
 
     tuning_list(tuning)  # unknown names raise TypeError here, not at the first layer
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
-                                   or max_tokens < 1):
-        raise ValueError(f"max_tokens = {max_tokens!r}: must be a positive int (or None)")
+    capacity = token_capacity(max_tokens)  # ValueError before any setting changes
     _settings["check_errors"] = bool(check_errors)
-    _settings["max_tokens"] = int(max_tokens) if max_tokens is not None else 0
+    _settings["max_tokens"] = capacity
     _settings["save_activations"] = bool(save_activations)
     _settings["tuning"] = dict(tuning)
     ExpertsInterface.register(name, experts_forward)

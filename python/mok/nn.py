@@ -20,7 +20,6 @@ through the routing weights, the router their gradients.
 
 from __future__ import annotations
 
-import numbers
 
 import collections
 import math
@@ -28,6 +27,7 @@ import math
 import torch
 
 from . import fused_forward
+from .options import token_capacity
 
 
 class TopKRouter(torch.nn.Module):
@@ -162,10 +162,7 @@ class MoE(torch.nn.Module):
         self.hidden, self.intermediate, self.num_experts, self.top_k = hidden, intermediate, num_experts, top_k
         self.shared_intermediate = shared_intermediate
         self.tuning = tuning
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
-                                       or max_tokens < 1):
-            raise ValueError(f"max_tokens = {max_tokens!r}: must be a positive int (or None)")
-        self.max_tokens = None if max_tokens is None else int(max_tokens)
+        self.max_tokens = token_capacity(max_tokens) or None
         self.process_group = process_group
         local_experts = num_experts
         if process_group is not None:

@@ -22,3 +22,15 @@ def tuning_list(options: dict) -> list[int]:
         raise TypeError("mok: unknown tuning option(s) %s; the options are %s"
                         % (", ".join(unknown), ", ".join(TUNING_OPTIONS)))
     return [int(options.get(name, 0)) for name in TUNING_OPTIONS]
+
+
+def token_capacity(max_tokens) -> int:
+    """The ops' token_capacity for a layer's max_tokens (mok.nn.MoE,
+    mok.hf.register): a positive integer, or None for no capacity (0).
+    Anything else raises ValueError naming it."""
+    import numbers
+    if max_tokens is None:
+        return 0
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
+        raise ValueError(f"max_tokens = {max_tokens!r}: must be a positive int (or None)")
+    return int(max_tokens)

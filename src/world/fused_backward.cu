@@ -28,6 +28,7 @@
 #include "world/backward_layout.hpp"
 #include "world/forward_options.hpp"
 #include "world/pass_params.hpp"
+#include "world/rank_tensors.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
@@ -230,13 +231,8 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   std::vector<int32_t> pass_tokens(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r) {
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    const int capacity = c.tokens_per_rank[static_cast<size_t>(r)];
-    if (t.tokens < -1 || t.tokens > capacity) {
-      throw Error("FusedBackward::run: rank " + std::to_string(r) + ": tokens = " + std::to_string(t.tokens) +
-                  ": must be in [0, " + std::to_string(capacity) +
-                  "] (the layer's tokens_per_rank is the capacity), or -1 for the capacity");
-    }
-    pass_tokens[static_cast<size_t>(r)] = t.tokens < 0 ? capacity : t.tokens;
+    pass_tokens[static_cast<size_t>(r)] =
+        world::checked_pass_tokens(c, t.tokens, r, "FusedBackward::run: rank " + std::to_string(r) + ": ");
     const bool tokens = pass_tokens[static_cast<size_t>(r)] > 0;
     require_pointer(t.x, "x", r, tokens);
     require_pointer(t.weights, "weights", r, tokens, kScalar);

@@ -35,14 +35,18 @@ int pass_tokens(const LayerConfig& config, const RankTensors& t, int r) {
   return t.tokens < 0 ? config.tokens_per_rank[static_cast<size_t>(r)] : t.tokens;
 }
 
-void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) {
-  const std::string rank = "rank " + std::to_string(r) + ": ";
+int checked_pass_tokens(const LayerConfig& config, int tokens, int r, const std::string& who) {
   const int capacity = config.tokens_per_rank[static_cast<size_t>(r)];
-  if (t.tokens < -1 || t.tokens > capacity) {
-    throw Error(rank + "tokens = " + std::to_string(t.tokens) + ": must be in [0, " + std::to_string(capacity) +
+  if (tokens < -1 || tokens > capacity) {
+    throw Error(who + "tokens = " + std::to_string(tokens) + ": must be in [0, " + std::to_string(capacity) +
                 "] (the layer's tokens_per_rank is the capacity), or -1 for the capacity");
   }
-  const bool has_tokens = pass_tokens(config, t, r) > 0;
+  return tokens < 0 ? capacity : tokens;
+}
+
+void check_rank_tensors(const LayerConfig& config, const RankTensors& t, int r) {
+  const std::string rank = "rank " + std::to_string(r) + ": ";
+  const bool has_tokens = checked_pass_tokens(config, t.tokens, r, rank) > 0;
   const bool has_shared = config.shared_width() > 0;
   require_device_pointer(t.x, rank + "x", has_tokens);
   require_device_pointer(t.out, rank + "out", has_tokens);
