@@ -51,7 +51,7 @@ ForwardTiming time_forward(FusedForward& forward, const std::vector<RankTensors>
   const double back_to_back = time_back_to_back(forward, tensors, iterations, 0);
   std::sort(ms.begin(), ms.end());
   std::sort(enqueue_us.begin(), enqueue_us.end());
-  return {ms[ms.size() / 2], back_to_back, enqueue_us[enqueue_us.size() / 2]};
+  return {ms[ms.size() / 2], back_to_back, enqueue_us[enqueue_us.size() / 2], ms.front(), ms.back()};
 }
 
 double time_back_to_back(FusedForward& forward, const std::vector<RankTensors>& tensors, int iterations,

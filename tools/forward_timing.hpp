@@ -8,6 +8,7 @@
 // keeps one disturbed round from deciding.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <span>
 #include <vector>
@@ -20,6 +21,8 @@ struct ForwardTiming {
   double pass_ms;          // median of single passes, each timed alone (the host's enqueue counts)
   double back_to_back_ms;  // mean over passes enqueued back to back (the host runs ahead, as in training)
   double enqueue_us;       // median host time of one run() call
+  double fastest_ms = NAN;  // the fastest and the slowest single pass: a spread far wider than
+  double slowest_ms = NAN;  // the medians' says the passes are bimodal, not noisy
 };
 
 // Three warm-up passes, then `iterations` passes timed alone and

@@ -331,9 +331,9 @@ void compare_options(const Options& o, const mok::LayerConfig& config, const mok
       forwards, o.rounds, /*mirrored=*/false,
       [&](mok::FusedForward& forward) { return time_forward(forward, device.tensors(), o.iterations); },
       [&](const mok::tools::Visit& v) {
-        std::printf("    round %d  %-40s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", v.round + 1,
-                    labels[v.index].c_str(), v.timing.pass_ms, v.timing.back_to_back_ms,
-                    flops / v.timing.pass_ms * 1e-9);
+        std::printf("    round %d  %-40s %.3f ms alone (passes %.3f-%.3f), %.3f back to back, %.1f useful TFLOP/s\n",
+                    v.round + 1, labels[v.index].c_str(), v.timing.pass_ms, v.timing.fastest_ms, v.timing.slowest_ms,
+                    v.timing.back_to_back_ms, flops / v.timing.pass_ms * 1e-9);
         report_energy(*forwards[v.index], device, v.timing.back_to_back_ms, flops);
       });
   for (size_t i = 1; i < forwards.size(); ++i) {
@@ -504,8 +504,9 @@ int run_gpu_fp8(const Options& o) {
       forwards, o.rounds, /*mirrored=*/true,
       [&](mok::FusedForward& f) { return time_forward(f, &f == &forward ? fp8_tensors : device.tensors(), o.iterations); },
       [&](const mok::tools::Visit& v) {
-        std::printf("    round %d  %-5s %.3f ms alone, %.3f back to back, %.1f useful TFLOP/s\n", v.round + 1,
-                    labels[v.index], v.timing.pass_ms, v.timing.back_to_back_ms, flops / v.timing.pass_ms * 1e-9);
+        std::printf("    round %d  %-5s %.3f ms alone (passes %.3f-%.3f), %.3f back to back, %.1f useful TFLOP/s\n",
+                    v.round + 1, labels[v.index], v.timing.pass_ms, v.timing.fastest_ms, v.timing.slowest_ms,
+                    v.timing.back_to_back_ms, flops / v.timing.pass_ms * 1e-9);
       });
   std::vector<double> fp8_ms;
   for (const mok::tools::Visit& v : visits) {
