@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "mok/error.hpp"
 #include "mok/fp8.hpp"
+#include "quant/scale_exponent_rule.hpp"
 
 namespace {
 
@@ -86,6 +88,42 @@ TEST(Fp8, ScaleIsTheSmallestPowerOfTwoThatKeepsTheBlockInRange) {
   }
   EXPECT_EQ(decode_ue8m0(encode_ue8m0(-8)), 0x1p-8f);
   EXPECT_TRUE(std::isnan(decode_ue8m0(0xFF)));
+}
+
+// The kernels' branch-free scale rule (quant/scale_exponent_rule.hpp) is the
+// host's, input for input: every exponent field with the mantissas around the
+// 1.75 boundary and at the ends, both signs, then a stride through all 2^32
+// bit patterns. (+infinity, which the host refuses before asking, is checked
+// against the kernels' own rule: the largest scale.)
+TEST(Fp8, KernelScaleRuleOnTheBitsIsTheHostRule) {
+  auto same = [](uint32_t bits) {
+    float amax;
+    std::memcpy(&amax, &bits, sizeof amax);
+    if (std::isinf(amax) && amax > 0) return scale_exponent_of_bits(bits) == 127;
+    return scale_exponent_of_bits(bits) == scale_exponent(amax);
+  };
+  int64_t checked = 0, wrong = 0;
+  for (uint32_t sign : {0u, 1u}) {
+    for (uint32_t field = 0; field < 256; ++field) {
+      for (uint32_t mantissa : {0u, 1u, 2u, 0x3FFFFFu, 0x5FFFFFu, 0x600000u, 0x600001u, 0x7FFFFEu, 0x7FFFFFu}) {
+        const uint32_t bits = (sign << 31) | (field << 23) | mantissa;
+        ++checked;
+        if (!same(bits)) {
+          ++wrong;
+          ADD_FAILURE() << "bits 0x" << std::hex << bits;
+        }
+      }
+    }
+  }
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 65521) {
+    ++checked;
+    if (!same(static_cast<uint32_t>(bits))) {
+      ++wrong;
+      ADD_FAILURE() << "bits 0x" << std::hex << bits;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "of " << checked;
+  EXPECT_GT(checked, 65000);
 }
 
 std::vector<float> random_weight(int64_t n, uint32_t seed) {

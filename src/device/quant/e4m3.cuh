@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "quant/scale_exponent_rule.hpp"
+
 namespace mok::device {
 
 // 2^(e - 127) (byte 0 is 2^-127, a subnormal; the quantizer never writes 255).
@@ -20,15 +22,10 @@ __device__ __forceinline__ float ue8m0_value(uint32_t e) {
 // amax <= 448 * 2^e, clamped to [-127, 127]; 0 for an all-zero block (and
 // for NaN: the values then carry it). The host refuses non-finite blocks;
 // here an infinite amax takes the largest scale, so the infinity saturates
-// to +-448 and the block's finite values flush toward zero (frexpf of an
-// infinity returns no usable exponent).
+// to +-448 and the block's finite values flush toward zero. Computed on the
+// bits, with no branch (quant/scale_exponent_rule.hpp says why).
 __device__ __forceinline__ int32_t fp8_scale_exponent(float amax) {
-  if (!(amax > 0.0f)) return 0;
-  if (isinf(amax)) return 127;
-  int k = 0;
-  const float f = frexpf(amax, &k);  // amax = f * 2^k, f in [0.5, 1); 448 = 0.875 * 2^9
-  const int32_t e = f <= 0.875f ? k - 9 : k - 8;
-  return min(max(e, -127), 127);
+  return fp8::scale_exponent_of_bits(__float_as_uint(amax));
 }
 
 // Two values to e4m3, round to nearest even, saturating: lo in the low byte.
@@ -60,26 +57,48 @@ __device__ __forceinline__ uint32_t quantize_block_warp(uint2 raw, uint8_t& scal
 // of block l / 16). Returns this lane's eight e4m3 bytes (lowest value in
 // the lowest byte) and, in `scale`, its block's ue8m0 byte. The same rule,
 // value for value, as quantize_block_warp.
-__device__ __forceinline__ uint2 quantize_half_blocks_warp(uint4 raw, uint8_t& scale) {
+// The phases of quantize_half_blocks_warp, for a caller that quantizes
+// several steps at once and wants their shuffle reductions interleaved (each
+// is a chain of four dependent shuffles): this lane's absolute maximum, the
+// half-warp's (a max: order-free), then the bytes.
+__device__ __forceinline__ float half_block_lane_amax(uint4 raw) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  float v[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(w[i] << 16);
-    v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < 4; ++i) {
+    amax = fmaxf(amax, fabsf(__uint_as_float(w[i] << 16)));
+    amax = fmaxf(amax, fabsf(__uint_as_float(w[i] & 0xFFFF0000u)));
+  }
+  return amax;
+}
+
+template <int kCount>
+__device__ __forceinline__ void half_block_amax_reduce(float (&amax)[kCount]) {
 #pragma unroll
-  for (int d = 8; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  for (int d = 8; d >= 1; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], d));
+  }
+}
+
+__device__ __forceinline__ uint2 quantize_half_block_with_amax(uint4 raw, float amax, uint8_t& scale) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   const int32_t e = fp8_scale_exponent(amax);
   const float inv = ue8m0_value(static_cast<uint32_t>(127 - e));  // 2^-e, exact
   uint32_t q[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) q[i] = pack_e4m3x2(__fmul_rn(v[2 * i], inv), __fmul_rn(v[2 * i + 1], inv));
+  for (int i = 0; i < 4; ++i) {
+    q[i] = pack_e4m3x2(__fmul_rn(__uint_as_float(w[i] << 16), inv),
+                       __fmul_rn(__uint_as_float(w[i] & 0xFFFF0000u), inv));
+  }
   scale = static_cast<uint8_t>(127 + e);
   return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+
+__device__ __forceinline__ uint2 quantize_half_blocks_warp(uint4 raw, uint8_t& scale) {
+  float amax[1] = {half_block_lane_amax(raw)};
+  half_block_amax_reduce(amax);
+  return quantize_half_block_with_amax(raw, amax[0], scale);
 }
 
 }  // namespace mok::device

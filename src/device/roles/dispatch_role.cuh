@@ -177,15 +177,23 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
     constexpr int kSteps = 4;
     const int64_t steps = H / 256;
     const int64_t first = steps * part / kFp8QuantizeParts, last = steps * (part + 1) / kFp8QuantizeParts;
+    // In phases across the steps (loads, lane maxima, the four shuffle rounds
+    // interleaved, then bytes and stores), so that the steps' latency chains
+    // overlap; the scale rule has no branch to split them
+    // (quant/scale_exponent_rule.hpp).
     auto quantize_steps = [&](int64_t b0, auto count) {
       constexpr int kCount = decltype(count)::value;
       uint4 raw[kCount];
+      float amax[kCount];
 #pragma unroll
       for (int i = 0; i < kCount; ++i) raw[i] = ld_shared_v4(base + static_cast<uint32_t>(b0 + i) * 512u + lane * 16u);
 #pragma unroll
+      for (int i = 0; i < kCount; ++i) amax[i] = half_block_lane_amax(raw[i]);
+      half_block_amax_reduce(amax);
+#pragma unroll
       for (int i = 0; i < kCount; ++i) {
         uint8_t scale;
-        const uint2 q = quantize_half_blocks_warp(raw[i], scale);
+        const uint2 q = quantize_half_block_with_amax(raw[i], amax[i], scale);
         *reinterpret_cast<uint2*>(to + (b0 + i) * 256) = q;
         if (lane % 16 == 0) to_scales[2 * (b0 + i)] = scale;
       }
