@@ -77,7 +77,8 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t d
     if constexpr (kRegs == 64) {
       wgmma::mma_m64n128k32_e4m3(part, a, b, k > 0 ? 1u : 0u);
     } else {
-      wgmma::mma_m64n64k32_e4m3(part, a, b, k > 0 ? 1u : 0u);
+      static_assert(wgmma::kDescHighK128 == 0x40000040u, "smem_desc_k_sw128's high half");
+      wgmma::mma_m64n64k32_e4m3_lo(part, static_cast<uint32_t>(a), static_cast<uint32_t>(b), k > 0 ? 1u : 0u);
     }
   }
   wgmma::commit_group();
@@ -152,8 +153,8 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     const int held = ring.stage;
     auto& stage = smem.stages[held];
     ring.advance();
-    return StageDescs{wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes),
-                      wgmma::smem_desc_k_sw128(stage.b), held};
+    return StageDescs{wgmma::warp_uniform(wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes)),
+                      wgmma::warp_uniform(wgmma::smem_desc_k_sw128(stage.b)), held};
   };
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);

@@ -30,6 +30,16 @@ __device__ __forceinline__ uint64_t smem_desc_k_sw128(const void* smem) {
   return desc;
 }
 
+// A descriptor (or any 64-bit value every lane of the warp holds alike),
+// read from lane 0: the compiler then knows it is warp-uniform and keeps it,
+// and the descriptors derived from it by constant steps, in uniform
+// registers, which wgmma reads directly. Derived from a per-thread value
+// (the ring's stage index), every descriptor of a stage was instead computed
+// in ordinary registers and moved to uniform ones one by one (IMAD, IADD3,
+// R2UR before each wgmma): with m64n64k32 wgmma, 32 cycles of tensor work
+// each, those chains set the issue rate (docs/perf-notes.md q10).
+__device__ __forceinline__ uint64_t warp_uniform(uint64_t desc) { return __shfl_sync(0xffffffffu, desc, 0); }
+
 // The descriptor of the same tile moved `k_elems` bf16 along K (inside one
 // 64-element swizzle row: k_elems in {0, 16, 32, 48}).
 __device__ __forceinline__ uint64_t advance_k(uint64_t desc, int k_elems) {

@@ -55,4 +55,27 @@ __device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// The same with the descriptors given by their low 32 bits (start address
+// and leading byte offset, smem_desc_k_sw128's layout); the high half --
+// the 1024-byte stride and the 128-byte swizzle -- is the same for every
+// K-major tile and is put in by the instruction's own mov. Per wgmma the
+// compiler then moves two 32-bit values into uniform registers instead of
+// four (wgmma reads descriptors from uniform registers only).
+inline constexpr uint32_t kDescHighK128 = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ void mma_m64n64k32_e4m3_lo(float (&d)[32], uint32_t desc_a_lo, uint32_t desc_b_lo,
+                                                     uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "mov.b64 da, {%32, %35};\n"
+      "mov.b64 db, {%33, %35};\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, da, db, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(desc_a_lo), "r"(desc_b_lo), "r"(accumulate), "n"(kDescHighK128));
+}
+
 }  // namespace mok::device::wgmma
