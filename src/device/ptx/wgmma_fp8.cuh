@@ -1,7 +1,7 @@
 // wgmma.mma_async for e4m3 x e4m3 -> fp32 (the FP8 GEMMs): m64n128k32 and
-// m64n64k32, both
-// operands K-major from shared memory (FP8 wgmma has no transposed operand),
-// described as in wgmma.cuh (128-byte swizzle: 128 e4m3 of K per row).
+// m64n64k32, both operands K-major from shared memory (FP8 wgmma has no
+// transposed operand), described as in wgmma.cuh (128-byte swizzle: 128 e4m3
+// of K per row).
 // Warpgroup-collective. Accumulator layout as for bf16 (wgmma.cuh):
 // d[4j + 2h + e] = D[16 * (t / 32) + (t % 32) / 4 + 8h][8j + 2 (t % 4) + e].
 #pragma once
@@ -40,30 +40,16 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t des
 }
 
 // D[64 x 64] (+)= A[64 x 32] * B[64 x 32]^T; 32 fp32 accumulators per thread
-// (the wide FP8 tile's quarter partial sums, fp8_mainloop.cuh).
-__device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                  uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// The same with the descriptors given by their low 32 bits (start address
-// and leading byte offset, smem_desc_k_sw128's layout); the high half --
+// (the wide FP8 tile's quarter partial sums, fp8_mainloop.cuh). The
+// descriptors are given by their low 32 bits (start address and leading
+// byte offset, smem_desc_k_sw128's layout); the high half --
 // the 1024-byte stride and the 128-byte swizzle -- is the same for every
 // K-major tile and is put in by the instruction's own mov. Per wgmma the
 // compiler then moves two 32-bit values into uniform registers instead of
 // four (wgmma reads descriptors from uniform registers only).
 inline constexpr uint32_t kDescHighK128 = (1024u >> 4) | (1u << 30);
-__device__ __forceinline__ void mma_m64n64k32_e4m3_lo(float (&d)[32], uint32_t desc_a_lo, uint32_t desc_b_lo,
-                                                     uint32_t accumulate) {
+__device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint32_t desc_a_lo, uint32_t desc_b_lo,
+                                                  uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\n"
       "setp.ne.b32 p, %34, 0;\n"
