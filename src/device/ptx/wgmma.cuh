@@ -31,13 +31,14 @@ __device__ __forceinline__ uint64_t smem_desc_k_sw128(const void* smem) {
 }
 
 // A descriptor (or any 64-bit value every lane of the warp holds alike),
-// read from lane 0: the compiler then knows it is warp-uniform and keeps it,
-// and the descriptors derived from it by constant steps, in uniform
-// registers, which wgmma reads directly. Derived from a per-thread value
-// (the ring's stage index), every descriptor of a stage was instead computed
-// in ordinary registers and moved to uniform ones one by one (IMAD, IADD3,
-// R2UR before each wgmma): with m64n64k32 wgmma, 32 cycles of tensor work
-// each, those chains set the issue rate (docs/perf-notes.md q10).
+// read from lane 0. Derived from a per-thread value (the ring's stage index),
+// a stage's descriptors were each rebuilt with 64-bit address arithmetic
+// before their wgmma (IMAD, IADD3). From the shuffled value they are the
+// same value plus constant steps, which ptxas computes with far fewer
+// instructions. It still moves each descriptor into the uniform registers
+// wgmma reads (R2UR) before every wgmma. With m64n64k32 wgmma, 32 cycles of
+// tensor work each, those instructions bound the issue rate
+// (docs/perf-notes.md q10).
 __device__ __forceinline__ uint64_t warp_uniform(uint64_t desc) { return __shfl_sync(0xffffffffu, desc, 0); }
 
 // The descriptor of the same tile moved `k_elems` bf16 along K (inside one
