@@ -77,8 +77,8 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t d
     if constexpr (kRegs == 64) {
       wgmma::mma_m64n128k32_e4m3(part, a, b, k > 0 ? 1u : 0u);
     } else {
-      static_assert(wgmma::kDescHighK128 == 0x40000040u, "smem_desc_k_sw128's high half");
-      wgmma::mma_m64n64k32_e4m3(part, static_cast<uint32_t>(a), static_cast<uint32_t>(b), k > 0 ? 1u : 0u);
+      wgmma::mma_m64n64k32_e4m3_sw128_lo(part, static_cast<uint32_t>(a), static_cast<uint32_t>(b),
+                                         k > 0 ? 1u : 0u);
     }
   }
   wgmma::commit_group();

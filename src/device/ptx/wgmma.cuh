@@ -20,13 +20,15 @@ namespace mok::device::wgmma {
 // (encoded as 1, the value the PTX ISA documents as "assumed"). `smem` must
 // lie in a 1024-byte aligned tile; stepping along K inside the 128-byte row
 // is done by adding k_bytes / 16 to the returned value (see advance_k).
+// Its high half is the same for every such tile: the stride byte offset
+// (bits 32-45: 1024 / 16) and the swizzle mode (bits 62-63: 1 = 128-byte).
+inline constexpr uint32_t kDescHighK128 = (1024u >> 4) | (1u << 30);
 __device__ __forceinline__ uint64_t smem_desc_k_sw128(const void* smem) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((addr & 0x3FFFFu) >> 4);   // bits 0-13: start address / 16
   desc |= static_cast<uint64_t>(1) << 16;                  // bits 16-29: leading byte offset / 16
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;          // bits 32-45: stride byte offset / 16
-  desc |= static_cast<uint64_t>(1) << 62;                  // bits 62-63: 1 = 128-byte swizzle
+  desc |= static_cast<uint64_t>(kDescHighK128) << 32;      // the stride and the swizzle
   return desc;
 }
 

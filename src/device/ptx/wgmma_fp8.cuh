@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "device/ptx/wgmma.cuh"
+
 namespace mok::device::wgmma {
 
 // The descriptor moved `k_bytes` along K inside one 128-byte swizzle row.
@@ -40,16 +42,16 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3(float (&d)[64], uint64_t des
 }
 
 // D[64 x 64] (+)= A[64 x 32] * B[64 x 32]^T; 32 fp32 accumulators per thread
-// (the wide FP8 tile's quarter partial sums, fp8_mainloop.cuh). The
-// descriptors are given by their low 32 bits (start address and leading
-// byte offset, smem_desc_k_sw128's layout); the high half --
-// the 1024-byte stride and the 128-byte swizzle -- is the same for every
-// K-major tile and is put in by the instruction's own mov. Per wgmma the
-// compiler then moves two 32-bit values into uniform registers instead of
-// four (wgmma reads descriptors from uniform registers only).
-inline constexpr uint32_t kDescHighK128 = (1024u >> 4) | (1u << 30);
-__device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint32_t desc_a_lo, uint32_t desc_b_lo,
-                                                  uint32_t accumulate) {
+// (the wide FP8 tile's quarter partial sums, fp8_mainloop.cuh). Both
+// operands are K-major 128-byte-swizzled tiles (smem_desc_k_sw128), given
+// by their descriptors' low 32 bits (start address and leading byte offset);
+// the instruction's own mov puts in the constant high half, kDescHighK128.
+// This spares the 64-bit address arithmetic before each wgmma; ptxas still
+// builds the 64-bit pair and moves it to uniform registers every time
+// (docs/perf-notes.md q10). Another layout's descriptor cannot be passed
+// (the 64-bit form is deleted).
+__device__ __forceinline__ void mma_m64n64k32_e4m3_sw128_lo(float (&d)[32], uint32_t desc_a_lo, uint32_t desc_b_lo,
+                                                           uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\n"
       "setp.ne.b32 p, %34, 0;\n"
@@ -63,5 +65,7 @@ __device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint32_t desc
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(desc_a_lo), "r"(desc_b_lo), "r"(accumulate), "n"(kDescHighK128));
 }
+
+__device__ void mma_m64n64k32_e4m3_sw128_lo(float (&)[32], uint64_t, uint64_t, uint32_t) = delete;
 
 }  // namespace mok::device::wgmma

@@ -52,15 +52,16 @@ __device__ __forceinline__ uint32_t quantize_block_warp(uint2 raw, uint8_t& scal
   return lo | (hi << 16);
 }
 
-// Two 1 x 128 blocks of bf16 values quantized by a warp, one per half-warp:
-// `raw` is this lane's eight consecutive values (lane l: values 8 (l % 16) ..
-// of block l / 16). Returns this lane's eight e4m3 bytes (lowest value in
-// the lowest byte) and, in `scale`, its block's ue8m0 byte. The same rule,
-// value for value, as quantize_block_warp.
-// The phases of quantize_half_blocks_warp, for a caller that quantizes
-// several steps at once and wants their shuffle reductions interleaved (each
-// is a chain of four dependent shuffles): this lane's absolute maximum, the
-// half-warp's (a max: order-free), then the bytes.
+// Two 1 x 128 blocks of bf16 values quantized by a warp, one per half-warp,
+// in three phases so that a caller quantizing several steps at once can
+// interleave their shuffle reductions (each a chain of four dependent
+// shuffles; the dispatch does, dispatch_role.cuh). `raw` is this lane's
+// eight consecutive values (lane l: values 8 (l % 16) .. of block l / 16).
+// half_block_lane_amax: this lane's absolute maximum; half_block_amax_reduce:
+// the half-warp's, for every step at once (a max: order-free);
+// quantize_half_block_with_amax: this lane's eight e4m3 bytes (lowest value
+// in the lowest byte) and, in `scale`, its block's ue8m0 byte. The same
+// rule, value for value, as quantize_block_warp.
 __device__ __forceinline__ float half_block_lane_amax(uint4 raw) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   float amax = 0.0f;
@@ -93,12 +94,6 @@ __device__ __forceinline__ uint2 quantize_half_block_with_amax(uint4 raw, float 
   }
   scale = static_cast<uint8_t>(127 + e);
   return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
-}
-
-__device__ __forceinline__ uint2 quantize_half_blocks_warp(uint4 raw, uint8_t& scale) {
-  float amax[1] = {half_block_lane_amax(raw)};
-  half_block_amax_reduce(amax);
-  return quantize_half_block_with_amax(raw, amax[0], scale);
 }
 
 }  // namespace mok::device
