@@ -15,8 +15,9 @@
 // token tile are 128 rows. The routed tiles are the wide FP8 tiles
 // (gemm/fp8_mainloop.cuh, mma_fp8_wide_tile): each consumer warpgroup 64
 // rows against all 256 B rows, 128 accumulators and two 32-register
-// partial sums (a 64-row quarter of B each, taking turns) a thread; a stage moves 0.6x the L2 bytes per FLOP of the 64 x 256 split-N
-// tiles the first kernel ran (docs/perf-notes.md q5). The shared expert
+// partial sums (a 64-row quarter of B each, taking turns) a thread; a
+// stage moves 0.6x the L2 bytes per FLOP of the 64 x 256 split-N tiles the
+// first kernel ran (docs/perf-notes.md q5). The shared expert
 // stays bf16 (issue 16), in the bf16 forward's own kinds and tiles (with
 // the split-N FP8 kinds, which promote two 64-register sums beside 64
 // accumulators, ptxas spilled the promotion next to them, q4; the wide

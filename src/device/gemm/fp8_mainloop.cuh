@@ -99,9 +99,9 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t d
 // Per element the same K order inside a stage and the same promotion as
 // every other tile: the same bits. Per stage it reads 48 KB from L2 (16 KB
 // of A, 32 of B) for 8.4 MFLOP of tensor work. No wgmma or wait sits in a
-// conditional branch (ptxas would serialise them all): the last stage is
-// peeled. `b_half0` / `b_half1`: the halves' B scale rows (offsets, times
-// k_blocks).
+// conditional branch (ptxas would serialise them all): the loop is left in
+// its middle after the last stage, whose quarter 3 is promoted after it.
+// `b_half0` / `b_half1`: the halves' B scale rows (offsets, times k_blocks).
 template <class Cfg, bool kAScalesOfThisPass, class Release, class OnStall>
 __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                                   int consumer, float (&acc)[Cfg::kAccRegs], const Fp8Scales& scales,
@@ -283,7 +283,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     };
     // Adds stage kb's retired partial sum into acc. d[4j + 2h + e]: row half
     // h, column chunk j (SwiGLU: the up half from chunk BN / 16 on).
-    auto promote = [&](float(&part)[Cfg::kAccRegs], int /*kb*/, const StageScales& sc) {
+    auto promote = [&](float(&part)[Cfg::kAccRegs], const StageScales& sc) {
       wgmma::fence_operands(part);
 #pragma unroll
       for (int i = 0; i < Cfg::kAccRegs; ++i) {
@@ -310,7 +310,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
         const int stage = issue(part_even);
         wgmma::wait_group<0>();
         release(stage);
-        promote(part_even, kb, sc);
+        promote(part_even, sc);
       }
       return;
     }
@@ -323,7 +323,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
       int next = issue(part_odd);
       wgmma::wait_group<1>();
       release(held);
-      promote(part_even, kb, sc);
+      promote(part_even, sc);
       held = next;
       ++kb;
       if (kb + 1 >= k_blocks) break;  // the last stage is in part_odd
@@ -331,7 +331,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
       next = issue(part_even);
       wgmma::wait_group<1>();
       release(held);
-      promote(part_odd, kb, sc);
+      promote(part_odd, sc);
       held = next;
       ++kb;
     }
@@ -339,9 +339,9 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     wgmma::wait_group<0>();
     release(held);
     if (kb % 2 == 0) {
-      promote(part_even, kb, last);
+      promote(part_even, last);
     } else {
-      promote(part_odd, kb, last);
+      promote(part_odd, last);
     }
   }
 }
