@@ -10,6 +10,12 @@
 // token ascending) from streams of its own: the same seed, experts and total
 // token count give the same global batch however it is split over ranks, which
 // is what the EP-invariance tests compare.
+//
+// Weights are drawn in chunks of kWeightChunk values, chunk c from a stream
+// of its own (Rng(seed, tag, c)), on as many host threads as there are cores:
+// the same values whatever the thread count. One stream for a whole weight
+// drew the DeepSeek-V3 slice's 1.4 G values on one thread, ~20-36 s of every
+// GPU benchmark's setup.
 #pragma once
 
 #include <cmath>
@@ -35,6 +41,9 @@ enum class RoutingMode {
 class Rng {
  public:
   Rng(uint64_t seed, uint64_t tag) : engine_(mix(seed) ^ mix(tag + 0x9e3779b97f4a7c15ull)) {}
+  // Stream `stream` of the (seed, tag) family: independent of every other.
+  Rng(uint64_t seed, uint64_t tag, uint64_t stream)
+      : engine_(mix(seed) ^ mix(tag + 0x9e3779b97f4a7c15ull) ^ mix(mix(stream) + 0x632be59bd9b4e019ull)) {}
 
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
@@ -102,6 +111,13 @@ Layer make_layer(const LayerConfig& config, uint64_t seed, RoutingMode mode = Ro
 
 // k distinct expert ids for one token, in slot order.
 std::vector<int32_t> draw_experts(const LayerConfig& config, RoutingMode mode, Rng& rng);
+
+// `count` non-zero bf16-exact values scale * U(-1, 1) (Rng::nonzero_bf16),
+// chunk c of kWeightChunk values drawn from Rng(seed, tag, c), on up to
+// `threads` host threads (0: every core): the same values for any thread
+// count. make_layer's weights.
+inline constexpr int64_t kWeightChunk = int64_t{1} << 20;
+std::vector<float> random_weight_values(int64_t count, double scale, uint64_t seed, uint64_t tag, int threads = 0);
 
 // A random upstream gradient dout: [R] of [T_r, H], U(-1, 1), bf16-exact, in
 // global token order (so it splits over ranks like x does).

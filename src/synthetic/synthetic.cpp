@@ -1,6 +1,9 @@
 #include "mok/synthetic.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 namespace mok::synthetic {
@@ -21,13 +24,28 @@ std::vector<std::vector<float>> random_per_token(const LayerConfig& config, int 
   return data;
 }
 
-std::vector<float> random_matrix(int64_t count, double scale, Rng& rng) {
+}  // namespace
+
+std::vector<float> random_weight_values(int64_t count, double scale, uint64_t seed, uint64_t tag, int threads) {
   std::vector<float> data(static_cast<size_t>(count));
-  for (float& v : data) v = rng.nonzero_bf16(scale);
+  const int64_t chunks = (count + kWeightChunk - 1) / kWeightChunk;
+  // Chunks taken from one counter; each writes only its own values.
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      Rng rng(seed, tag, static_cast<uint64_t>(c));
+      const int64_t end = std::min(count, (c + 1) * kWeightChunk);
+      for (int64_t i = c * kWeightChunk; i < end; ++i) data[static_cast<size_t>(i)] = rng.nonzero_bf16(scale);
+    }
+  };
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t count_threads = std::min<int64_t>(chunks, threads > 0 ? threads : cores);
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < count_threads; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   return data;
 }
-
-}  // namespace
 
 // k distinct expert ids for one token, in slot order.
 std::vector<int32_t> draw_experts(const LayerConfig& config, RoutingMode mode, Rng& rng) {
@@ -87,13 +105,11 @@ Layer make_layer(const LayerConfig& config, uint64_t seed, RoutingMode mode) {
     }
   }
 
-  Rng w13_rng(seed, kTagW13), w2_rng(seed, kTagW2);
-  layer.w13 = random_matrix(E * 2 * I * H, 1.0 / std::sqrt(static_cast<double>(H)), w13_rng);
-  layer.w2 = random_matrix(E * H * I, 1.0 / std::sqrt(static_cast<double>(I)), w2_rng);
+  layer.w13 = random_weight_values(E * 2 * I * H, 1.0 / std::sqrt(static_cast<double>(H)), seed, kTagW13);
+  layer.w2 = random_weight_values(E * H * I, 1.0 / std::sqrt(static_cast<double>(I)), seed, kTagW2);
   if (S > 0) {
-    Rng s13_rng(seed, kTagSharedW13), s2_rng(seed, kTagSharedW2);
-    layer.shared_w13 = random_matrix(2 * S * H, 1.0 / std::sqrt(static_cast<double>(H)), s13_rng);
-    layer.shared_w2 = random_matrix(H * S, 1.0 / std::sqrt(static_cast<double>(S)), s2_rng);
+    layer.shared_w13 = random_weight_values(2 * S * H, 1.0 / std::sqrt(static_cast<double>(H)), seed, kTagSharedW13);
+    layer.shared_w2 = random_weight_values(H * S, 1.0 / std::sqrt(static_cast<double>(S)), seed, kTagSharedW2);
   }
   return layer;
 }
