@@ -11,7 +11,10 @@
 // Host API only.
 //
 // This version: the virtual world (R ranks as R partitions of the current
-// GPU's SMs), host-ordered passes, save and recompute modes (BackwardMode).
+// GPU's SMs) and the peer world (one process, one GPU per rank:
+// options.devices, as for the forward), host-ordered passes, save and
+// recompute modes (BackwardMode). Not yet: the process world and
+// device-ordered passes.
 // Every gradient, the shared expert's weight gradients included (summed over
 // the rank's own tokens in token order), comes out of the one kernel.
 #pragma once
@@ -29,7 +32,8 @@ struct CUstream_st;
 
 namespace mok {
 
-// One rank's tensors, all in device memory on the current GPU, bf16 as raw
+// One rank's tensors, all in device memory on the rank's GPU (the current
+// GPU in a virtual world, options.devices[r] in a peer world), bf16 as raw
 // 16-bit storage, contiguous, 16-byte aligned (weights and dweights: 4-byte).
 struct BackwardRankTensors {
   // What the forward read, unchanged since.
@@ -90,23 +94,29 @@ class FusedBackward {
   // The layer, with the forward pass's token counts per rank, or a capacity
   // for them (then each pass gives its counts in BackwardRankTensors::tokens),
   // and the forward's options: the
-  // same SM split, minibatch and lookahead rules; ring_slots is replaced (the
+  // same SM split, minibatch and lookahead rules and the same world
+  // (options.devices: the peer world); ring_slots is replaced (the
   // backward's buffers hold the whole schedule); comm_ctas_per_rank 0 means
   // twice the forward's rule (the backward pulls two rows, dout and x, per
   // schedule row). Throws mok::Error, naming the field, for what this version
-  // does not run (peer or process worlds, device-ordered passes) and for
-  // invalid values. Allocates the workspace on the current GPU.
+  // does not run (the process world, device-ordered passes) and for invalid
+  // values. Allocates each rank's workspace on its GPU.
   FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {},
                 BackwardMode mode = BackwardMode::kSave);
   ~FusedBackward();
   FusedBackward(const FusedBackward&) = delete;
   FusedBackward& operator=(const FusedBackward&) = delete;
 
-  // Enqueues one backward pass on `stream` (no host synchronisation). Throws
-  // mok::Error before launch on missing or misaligned pointers. Passes of one
-  // object run one after another (each waits for the previous one on the GPU).
+  // Enqueues one backward pass on `stream` (no host synchronisation; a peer
+  // world uses each GPU's default stream). Throws mok::Error before launch on
+  // missing or misaligned pointers. Passes of one object run one after
+  // another (each waits for the previous one on the GPUs).
   void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream = nullptr,
            WeightGradOutput weight_grads = WeightGradOutput::kFp32);
+  // The same with one stream per launch: one in a virtual world, one per
+  // rank (on the rank's GPU) in a peer world.
+  void run(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
+           WeightGradOutput weight_grads);
   // accumulate: kAccumulateFp32, else kFp32.
   void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream, bool accumulate) {
     run(ranks, stream, accumulate ? WeightGradOutput::kAccumulateFp32 : WeightGradOutput::kFp32);
@@ -115,6 +125,7 @@ class FusedBackward {
   // Waits for the last pass, then throws mok::Error if it aborted (a stalled
   // wait, naming the counter, the ranks and the values).
   void check(CUstream_st* stream = nullptr);
+  void check(std::span<CUstream_st* const> streams);  // the streams run() was given
 
   // The timeline of the last pass (options.trace_events > 0): waits for it,
   // then returns its events in no particular order (the forward's event

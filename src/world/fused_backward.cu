@@ -1,7 +1,9 @@
 // The fused backward's facade (include/mok/fused_backward.hpp): validates the
-// layer and options (the forward's rules, forward_options.cpp), lays out one
-// workspace for every rank of the virtual world, builds the backward's tensor
-// maps, and enqueues a pass: counters zeroed, then the fused kernel
+// layer and options (the forward's rules, forward_options.cpp), lays out every
+// rank's workspace (backward_layout.cpp) in the world the options pick (the
+// forward's world code: world_core.hpp, world.hpp), builds the backward's
+// tensor maps, and enqueues each pass through the same steps as the forward
+// (enqueue_pass, pass_launch.hpp): counters zeroed, then the fused kernel
 // (backward_kernel.cu), which computes every gradient, the shared expert's
 // weight gradients included.
 #include "mok/fused_backward.hpp"
@@ -25,13 +27,17 @@
 #include "plan/implemented_dtype.hpp"
 #include "protocol/counters.hpp"
 #include "world/backward_kernel.hpp"
+#include "world/device_scope.hpp"
 #include "world/backward_layout.hpp"
 #include "world/forward_options.hpp"
 #include "world/pass_params.hpp"
 #include "world/rank_tensors.hpp"
 #include "world/fused_kernel.hpp"
+#include "world/pass_launch.hpp"
 #include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
+#include "world/world.hpp"
+#include "world/world_core.hpp"
 
 namespace mok {
 namespace {
@@ -83,17 +89,24 @@ void require_pointer(const void* p, const char* field, int rank, bool needed = t
   }
 }
 
+// Every rank's tensor maps, sized for the recompute table, which has the most
+// kinds; a pass uploads its own count.
+constexpr size_t kMostMaps = device::kBackwardMaps<protocol::BackwardRecomputePass>;
+static_assert(kMostMaps >= device::kNumBackwardMaps);
+using MapSets = std::vector<std::array<CUtensorMap, kMostMaps>>;
+
 }  // namespace
 
+// Declared in this order on purpose: the world goes before the core whose
+// memory it may map.
 struct FusedBackward::State {
+  world::WorldCore core;  // the ranks' GPUs and workspaces, the report words, the trace, the pass events
+  std::unique_ptr<world::World> world;
   LayerConfig config;
   FusedForwardOptions options;
   world::KernelFacts kernel;
   world::PassStateLayout pass_state;
   world::BackwardLayout layout;  // every rank's regions (backward_layout.hpp)
-  uint8_t* memory = nullptr;
-  uint32_t* report = nullptr;  // [0] abort, [1..] StallReport
-  world::TraceMemory trace;  // options.trace_events > 0
   BackwardMode mode = BackwardMode::kSave;
   // The kernel's parameters in the object's mode (the other stays unused).
   device::FusedBackwardParams params{};
@@ -107,22 +120,7 @@ struct FusedBackward::State {
       f(params);
     }
   }
-  cudaEvent_t done = nullptr;
-  bool recorded = false;
-
-  ~State() {
-    if (done != nullptr) cudaEventDestroy(done);
-    if (memory != nullptr) cudaFree(memory);
-    if (report != nullptr) cudaFree(report);
-    if (trace.memory != nullptr) cudaFree(trace.memory);
-  }
 };
-
-namespace {
-
-constexpr size_t kReportBytes = sizeof(uint32_t) + sizeof(protocol::StallReport);
-
-}  // namespace
 
 FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options, BackwardMode mode)
     : state_(std::make_unique<State>()) {
@@ -131,17 +129,17 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     throw Error("FusedBackward: unknown BackwardMode " + std::to_string(static_cast<int>(mode)));
   }
   s.mode = mode;
-  if (!options.devices.empty() || options.process_rank >= 0) {
-    throw Error("FusedBackward: this version runs the virtual world only (options.devices must be empty and "
-                "process_rank -1); the staged backward (python/mok/staged_backward.py) covers the others");
+  if (options.process_rank >= 0) {
+    throw Error("FusedBackward: this version runs the virtual and peer worlds, not the process world "
+                "(options.process_rank must be -1); the staged backward (python/mok/staged_backward.py) covers it");
   }
   if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
   // The forward accepts fp8 layers; the backward computes bf16 only and
   // says so before anything is sized by the wrong kernel's facts.
   plan::require_implemented_dtype(config, "the fused backward");
+  const world::GpuFacts gpus = world::query_gpus();
   s.kernel = world::fused_kernel_facts(DType::kBF16);
-  s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel,
-                                                                               world::query_gpus()),
+  s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel, gpus),
                                       s.kernel);
   s.config = config;
   s.pass_state = world::pass_state_layout(config, s.kernel);
@@ -149,61 +147,67 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
                 "backward_layout sizes the maps region by the protocol's count");
 
-  if (s.options.trace_events > 0) {
-    s.trace = world::allocate_trace(static_cast<size_t>(config.world_size) * static_cast<size_t>(s.options.ctas_per_rank),
-                                    s.options.trace_events);
-  }
-  s.with_params([&](auto& p) {
-  world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
-  p.first_rank = 0;
-  p.launch_ranks = config.world_size;
-  p.trace = nullptr;
-  p.trace_count = nullptr;
-  p.trace_capacity = 0;
-  if (s.options.trace_events > 0) {
-    p.trace_count = s.trace.counts();
-    p.trace = s.trace.events();
-    p.trace_capacity = static_cast<uint32_t>(s.trace.per_block);
-  }
-  });
-
   const int R = config.world_size;
-  MOK_CUDA_CHECK(cudaMalloc(&s.memory, s.layout.bytes));
-  MOK_CUDA_CHECK(cudaMalloc(&s.report, kReportBytes));
-  MOK_CUDA_CHECK(cudaMemset(s.report, 0, kReportBytes));
-  MOK_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-  world::allow_backward_kernel_smem();
-
-  s.with_params([&](auto& p) {
+  world::WorldCore& core = s.core;
+  core.place(world::world_kind(s.options), R, world::rank_devices(config, s.options, gpus), -1, false);
+  s.world = world::make_world(core.kind);
+  s.world->connect(core);
+  core.launches = s.world->launches(core);
+  core.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
+                             s.options.trace_events);
+  // Nothing in a backward workspace needs zeros before the first pass: each
+  // pass zeroes its counters before its launch.
   for (int r = 0; r < R; ++r) {
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
-    auto& v = p.ranks[r];
-    v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
-    v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
-    v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
-    v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
-    v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
-    v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
-    v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
-    v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
-    v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
-    v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
-    v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
-    v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
-    v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
-    auto* words = reinterpret_cast<uint32_t*>(base + g.counters.offset);
-    auto* stall = reinterpret_cast<protocol::StallReport*>(s.report + 1);
-    if constexpr (std::is_same_v<typename std::remove_reference_t<decltype(p)>::Pass, protocol::BackwardRecomputePass>) {
-      v.counters = protocol::carve_counters(g.recompute_geometry, words, s.report, stall);
-      v.kept_preact = reinterpret_cast<uint16_t*>(base + g.kept_preact.offset);
-      v.kept_shared_preact = reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset);
-    } else {
-      v.counters = protocol::carve_counters(g.geometry, words, s.report, stall);
-      v.kept_preact = nullptr;
-      v.kept_shared_preact = nullptr;
-    }
+    if (s.world->allocates(r)) core.allocate_workspace(r, s.layout.ranks[static_cast<size_t>(r)].bytes, {});
   }
+  core.create_pass_events();
+  for (const world::Launch& launch : core.launches) {
+    world::DeviceScope on(launch.device);
+    world::allow_backward_kernel_smem(core.system_scope());
+  }
+
+  const world::TraceMemory trace{core.trace_memory, core.trace_blocks, core.trace_per_block};
+  auto* abort = core.world_words;
+  auto* stall = reinterpret_cast<protocol::StallReport*>(core.world_words + 1);
+  s.with_params([&](auto& p) {
+    world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
+    p.trace = nullptr;
+    p.trace_count = nullptr;
+    p.trace_capacity = 0;
+    if (trace.memory != nullptr) {
+      p.trace_count = trace.counts();
+      p.trace = trace.events();
+      p.trace_capacity = static_cast<uint32_t>(trace.per_block);
+    }
+    for (int r = 0; r < R; ++r) {
+      const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+      uint8_t* base = core.rank_base[static_cast<size_t>(r)];
+      auto& v = p.ranks[r];
+      v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
+      v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
+      v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
+      v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
+      v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
+      v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
+      v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
+      v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
+      v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
+      v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
+      v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
+      v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
+      v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
+      auto* words = reinterpret_cast<uint32_t*>(base + g.counters.offset);
+      if constexpr (std::is_same_v<typename std::remove_reference_t<decltype(p)>::Pass,
+                                   protocol::BackwardRecomputePass>) {
+        v.counters = protocol::carve_counters(g.recompute_geometry, words, abort, stall);
+        v.kept_preact = reinterpret_cast<uint16_t*>(base + g.kept_preact.offset);
+        v.kept_shared_preact = reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset);
+      } else {
+        v.counters = protocol::carve_counters(g.geometry, words, abort, stall);
+        v.kept_preact = nullptr;
+        v.kept_shared_preact = nullptr;
+      }
+    }
   });
 }
 
@@ -215,12 +219,28 @@ BackwardMode FusedBackward::mode() const { return state_->mode; }
 
 void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream,
                         WeightGradOutput weight_grads) {
+  if (state_->core.kind == world::WorldKind::kPeer) {
+    // Each GPU's default stream, as the forward's peer world takes.
+    const std::vector<CUstream_st*> streams(state_->core.launches.size(), nullptr);
+    run(ranks, streams, weight_grads);
+    return;
+  }
+  run(ranks, std::span<CUstream_st* const>(&stream, 1), weight_grads);
+}
+
+void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
+                        WeightGradOutput weight_grads) {
   State& s = *state_;
   const LayerConfig& c = s.config;
   const int R = c.world_size;
   if (static_cast<int>(ranks.size()) != R) {
     throw Error("FusedBackward::run: got " + std::to_string(ranks.size()) + " ranks' tensors for a world of " +
                 std::to_string(R));
+  }
+  if (streams.size() != s.core.launches.size()) {
+    throw Error("FusedBackward::run: got " + std::to_string(streams.size()) + " streams; this " +
+                (s.core.kind == world::WorldKind::kPeer ? "peer world needs one per rank (" : "virtual world needs one (") +
+                std::to_string(s.core.launches.size()) + ")");
   }
   const bool accumulate = weight_grads == WeightGradOutput::kAccumulateFp32;
   const bool bf16_grads = weight_grads == WeightGradOutput::kBf16;
@@ -267,9 +287,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   const cuuint64_t P = static_cast<cuuint64_t>(s.layout.buffer_rows);
   const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
   // Sized for the recompute table, which has the most kinds; a pass uploads its own count.
-  constexpr size_t kMostMaps = device::kBackwardMaps<protocol::BackwardRecomputePass>;
-  static_assert(kMostMaps >= device::kNumBackwardMaps);
-  std::vector<std::array<CUtensorMap, kMostMaps>> maps(static_cast<size_t>(R));
+  MapSets maps(static_cast<size_t>(R));
   size_t map_count = 0;
   s.with_params([&](auto& params) {
   using Pass = typename std::remove_reference_t<decltype(params)>::Pass;
@@ -333,59 +351,99 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
   }
   });
 
-  // The pass: after the previous one (which used the same workspace).
-  cudaStream_t st = stream;
-  if (s.recorded) MOK_CUDA_CHECK(cudaStreamWaitEvent(st, s.done, 0));
-  MOK_CUDA_CHECK(cudaMemsetAsync(s.report, 0, kReportBytes, st));
-  if (s.trace.memory != nullptr) s.trace.clear(st);
-  s.with_params([&](auto& p) {
-  p.accumulate = accumulate ? 1 : 0;
-  p.weight_grad_bf16 = bf16_grads ? 1 : 0;
-  for (int r = 0; r < R; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
-    auto& v = p.ranks[r];
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    uint8_t* base = s.memory + s.layout.rank_offset[static_cast<size_t>(r)];
-    auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
-    v.expert_rows = reinterpret_cast<int32_t*>(state + s.pass_state.expert_rows.offset);
-    v.expert_offset = reinterpret_cast<int32_t*>(state + s.pass_state.expert_offset.offset);
-    v.rows = reinterpret_cast<RowSource*>(state + s.pass_state.rows.offset);
-    v.x = static_cast<const uint16_t*>(t.x);
-    v.dout = static_cast<const uint16_t*>(t.dout);
-    v.weights = t.weights;
-    // Recompute mode: the pre-activations its own gate/up tasks keep.
-    v.preact = v.kept_preact != nullptr ? v.kept_preact : static_cast<const uint16_t*>(t.preact);
-    v.shared_preact = v.kept_preact != nullptr ? v.kept_shared_preact : static_cast<const uint16_t*>(t.shared_preact);
-    v.dx = static_cast<uint16_t*>(t.dx);
-    v.dweights = t.dweights;
-    v.dw13 = t.dw13;
-    v.dw2 = t.dw2;
-    v.dshared_w13 = t.dshared_w13;
-    v.dshared_w2 = t.dshared_w2;
-    MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps[static_cast<size_t>(r)].data(),
-                                   sizeof(CUtensorMap) * map_count, cudaMemcpyHostToDevice, st));
-    MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, st));
-    MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, st));
-  }
-  world::launch_backward_kernel(p, R * s.options.ctas_per_rank, st);
-  });
-  MOK_CUDA_CHECK(cudaEventRecord(s.done, st));
-  s.recorded = true;
+  // The pass, after the previous one (which used the same workspaces).
+  class BackwardSteps final : public world::PassSteps {
+   public:
+    BackwardSteps(State& s, std::span<const BackwardRankTensors> ranks, const MapSets& maps, size_t map_count,
+                  bool accumulate, bool bf16_grads)
+        : s_(s), ranks_(ranks), maps_(maps), map_count_(map_count), accumulate_(accumulate), bf16_grads_(bf16_grads) {}
+
+    void bind(std::span<const cudaStream_t>) override {
+      s_.with_params([&](auto& p) {
+        p.accumulate = accumulate_ ? 1 : 0;
+        p.weight_grad_bf16 = bf16_grads_ ? 1 : 0;
+        for (int r = 0; r < s_.config.world_size; ++r) {
+          const BackwardRankTensors& t = ranks_[static_cast<size_t>(r)];
+          auto& v = p.ranks[r];
+          auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
+          v.expert_rows = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_rows.offset);
+          v.expert_offset = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_offset.offset);
+          v.rows = reinterpret_cast<RowSource*>(state + s_.pass_state.rows.offset);
+          v.x = static_cast<const uint16_t*>(t.x);
+          v.dout = static_cast<const uint16_t*>(t.dout);
+          v.weights = t.weights;
+          // Recompute mode: the pre-activations its own gate/up tasks keep.
+          v.preact = v.kept_preact != nullptr ? v.kept_preact : static_cast<const uint16_t*>(t.preact);
+          v.shared_preact =
+              v.kept_preact != nullptr ? v.kept_shared_preact : static_cast<const uint16_t*>(t.shared_preact);
+          v.dx = static_cast<uint16_t*>(t.dx);
+          v.dweights = t.dweights;
+          v.dw13 = t.dw13;
+          v.dw2 = t.dw2;
+          v.dshared_w13 = t.dshared_w13;
+          v.dshared_w2 = t.dshared_w2;
+        }
+      });
+    }
+
+    // Its ranks' maps, zeroed counters and combine cursor; with rank 0, the
+    // world's report words and the trace counts (on rank 0's GPU).
+    void prepare(size_t i, cudaStream_t stream) override {
+      const world::Launch& launch = s_.core.launches[i];
+      for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
+        const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(r)];
+        uint8_t* base = s_.core.rank_base[static_cast<size_t>(r)];
+        MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps_[static_cast<size_t>(r)].data(),
+                                       sizeof(CUtensorMap) * map_count_, cudaMemcpyHostToDevice, stream));
+        MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, stream));
+        MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, stream));
+      }
+      if (launch.first_rank == 0) {
+        s_.core.zero_report_words(stream);
+        if (s_.core.trace_memory != nullptr) {
+          MOK_CUDA_CHECK(cudaMemsetAsync(s_.core.trace_memory, 0, s_.core.trace_count_bytes(), stream));
+        }
+      }
+    }
+
+    void launch(size_t i, cudaStream_t stream) override {
+      const world::Launch& launch = s_.core.launches[i];
+      s_.with_params([&](auto& p) {
+        auto mine = p;
+        mine.first_rank = launch.first_rank;
+        mine.launch_ranks = launch.ranks;
+        world::launch_backward_kernel(mine, launch.ranks * s_.options.ctas_per_rank, stream,
+                                      s_.core.system_scope());
+      });
+    }
+
+   private:
+    State& s_;
+    std::span<const BackwardRankTensors> ranks_;
+    const MapSets& maps_;
+    const size_t map_count_;
+    const bool accumulate_, bf16_grads_;
+  };
+  const std::vector<cudaStream_t> cuda_streams(streams.begin(), streams.end());
+  BackwardSteps steps(s, ranks, maps, map_count, accumulate, bf16_grads);
+  world::enqueue_pass(s.core, *s.world, steps, cuda_streams, world::any_capturing(s.core, cuda_streams));
 }
 
 void FusedBackward::check(CUstream_st* stream) {
-  State& s = *state_;
-  if (s.recorded) {
-    MOK_CUDA_CHECK(cudaEventSynchronize(s.done));
-  } else {
-    MOK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (state_->core.kind == world::WorldKind::kPeer) {
+    const std::vector<CUstream_st*> streams(state_->core.launches.size(), nullptr);
+    check(streams);
+    return;
   }
-  uint32_t words[kReportBytes / sizeof(uint32_t)] = {};
-  MOK_CUDA_CHECK(cudaMemcpy(words, s.report, kReportBytes, cudaMemcpyDeviceToHost));
-  if (words[0] == 0) return;
-  protocol::StallReport stall;
-  static_assert(sizeof(stall) == kReportBytes - sizeof(uint32_t));
-  std::memcpy(&stall, words + 1, sizeof(stall));
+  check(std::span<CUstream_st* const>(&stream, 1));
+}
+
+void FusedBackward::check(std::span<CUstream_st* const> streams) {
+  State& s = *state_;
+  world::wait_for_last_pass(s.core, std::vector<cudaStream_t>(streams.begin(), streams.end()));
+  const world::PassReport report = s.core.read_report_words();
+  if (report.abort == 0) return;
+  const protocol::StallReport& stall = report.stall;
   if (static_cast<protocol::CounterId>(stall.counter) == protocol::CounterId::kScheduleOverflow) {
     throw Error("fused backward: rank " + std::to_string(stall.waiter) + "'s schedule (its pass state) has " +
                 std::to_string(stall.observed) + " padded rows, more than the " + std::to_string(stall.target) +
@@ -401,9 +459,9 @@ void FusedBackward::check(CUstream_st* stream) {
 
 std::vector<TraceEvent> FusedBackward::trace(CUstream_st* stream) {
   State& s = *state_;
-  if (s.trace.memory == nullptr) throw Error("FusedBackward::trace: tracing is off (options.trace_events = 0)");
+  if (s.core.trace_memory == nullptr) throw Error("FusedBackward::trace: tracing is off (options.trace_events = 0)");
   check(stream);
-  return s.trace.read("FusedBackward::trace", s.options.trace_events);
+  return s.core.read_trace("FusedBackward::trace", s.options.trace_events);
 }
 
 }  // namespace mok

@@ -2,7 +2,7 @@
 // (forward_options.cpp), lays out every rank's workspace
 // (workspace_layout.cpp), picks the world (virtual_world.cu, peer_world.cu,
 // process_world.cu) and drives its passes (pass_launch.cu), then reads back
-// what they report (pass_report.cu, trace_readback.cu).
+// what they report (pass_report.cu, and the trace through world_core.hpp).
 #include "mok/fused_forward.hpp"
 
 #include <cuda_runtime.h>
@@ -18,7 +18,6 @@
 #include "world/pass_launch.hpp"
 #include "world/pass_report.hpp"
 #include "world/rank_tensors.hpp"
-#include "world/trace_readback.hpp"
 #include "world/workspace_layout.hpp"
 #include "world/world.hpp"
 #include "world/world_state.hpp"
@@ -52,15 +51,6 @@ struct FusedForward::State {
 
 namespace {
 
-std::unique_ptr<world::World> make_world(WorldKind kind) {
-  switch (kind) {
-    case WorldKind::kVirtual: return world::make_virtual_world();
-    case WorldKind::kPeer: return world::make_peer_world();
-    case WorldKind::kProcess: return world::make_process_world();
-  }
-  throw Error("fused forward: unknown world kind");
-}
-
 std::vector<cudaStream_t> as_streams(std::span<CUstream_st* const> streams) {
   return std::vector<cudaStream_t>(streams.begin(), streams.end());
 }
@@ -74,19 +64,20 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
   s.kernel = world::fused_kernel_facts(config.dtype);
   s.options = world::resolve_options(config, options, s.kernel, gpus);
   s.config = config;
-  s.kind = world::world_kind(s.options);
-  s.rank_device = world::rank_devices(config, s.options, gpus);
   world::require_kernel_tiles(config, s.options, s.kernel);
   world::require_task_bound(config, s.options, s.kernel);
 
   const int R = config.world_size;
-  state_->world = make_world(s.kind);
+  s.place(world::world_kind(s.options), R, world::rank_devices(config, s.options, gpus), s.options.process_rank,
+          s.options.device_ordered);
+  state_->world = world::make_world(s.kind);
   world::World& w = *state_->world;
   w.connect(s);
   s.launches = w.launches(s);
-  s.rank_memory.assign(static_cast<size_t>(R), nullptr);
-  s.rank_base.assign(static_cast<size_t>(R), nullptr);
-  if (!s.device_ordered()) s.allocate_report_words();
+  if (!s.device_ordered()) {
+    s.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
+                            s.options.trace_events);
+  }
   s.fill_params();
   for (int r = 0; r < R; ++r) {
     // Every rank's layout (a process world reads its peers' memory by it),
@@ -208,7 +199,7 @@ std::vector<TraceEvent> FusedForward::trace(CUstream_st* stream) {
     throw Error("trace: tracing is off (set FusedForwardOptions::trace_events)");
   }
   check(stream);
-  return world::read_trace(state_->state);
+  return state_->state.read_trace("trace", state_->state.options.trace_events);
 }
 
 }  // namespace mok

@@ -14,17 +14,6 @@
 namespace mok::world {
 namespace {
 
-bool any_capturing(const WorldState& s, std::span<const cudaStream_t> streams) {
-  bool capturing = false;
-  for (size_t i = 0; i < s.launches.size(); ++i) {
-    DeviceScope on(s.launches[i].device);
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    MOK_CUDA_CHECK(cudaStreamIsCapturing(streams[i], &status));
-    capturing = capturing || status != cudaStreamCaptureStatusNone;
-  }
-  return capturing;
-}
-
 bool maps_moved(const WorldState& s, const std::vector<RankTensors>& tensors) {
   if (s.last_tensors.size() != tensors.size()) return true;
   for (size_t j = 0; j < tensors.size(); ++j) {
@@ -32,6 +21,75 @@ bool maps_moved(const WorldState& s, const std::vector<RankTensors>& tensors) {
   }
   return false;
 }
+
+// The forward's part of each step (enqueue_pass).
+class ForwardSteps final : public PassSteps {
+ public:
+  ForwardSteps(WorldState& s, World& world, std::vector<RankTensors>& tensors, std::vector<RankTensorMaps>& maps,
+               bool moved, bool& numbered, bool& launched)
+      : s_(s), world_(world), tensors_(tensors), maps_(maps), moved_(moved), numbered_(numbered),
+        launched_(launched) {}
+
+  void bind(std::span<const cudaStream_t> streams) override {
+    world_.stage_inputs(s_, streams, tensors_);
+    const int first_rank = s_.launches.front().first_rank;
+    for (size_t j = 0; j < tensors_.size(); ++j) {
+      const int r = first_rank + static_cast<int>(j);
+      const RankTensors& t = tensors_[j];
+      device::RankView& v = s_.params.ranks[r];
+      v.tokens = pass_tokens(s_.config, t, r);
+      v.x = static_cast<const uint16_t*>(t.x);
+      v.ids = t.expert_ids;
+      v.weights = t.weights;
+      v.out = static_cast<uint16_t*>(t.out);
+      s_.use_pass_state(r, t.pass_state);
+      s_.params.saved[r] = {static_cast<uint16_t*>(t.preact), static_cast<uint16_t*>(t.shared_preact)};
+      // The FP8 forward's weight scales (null in bf16, where check_rank_tensors refused any).
+      device::Fp8RankOperands& q = s_.params.fp8[r];
+      q.w13_scales = static_cast<const uint8_t*>(t.w13_scales);
+      q.w2_scales = static_cast<const uint8_t*>(t.w2_scales);
+      training_ = training_ || t.preact != nullptr || t.shared_preact != nullptr;
+    }
+    if (s_.device_ordered()) {
+      s_.params.epoch = ++s_.epoch;
+      numbered_ = true;
+    }
+    s_.bind_counters(s_.params.epoch);
+  }
+
+  // The maps (when a tensor moved), the counters (host-ordered), the trace.
+  void prepare(size_t i, cudaStream_t stream) override {
+    const Launch& launch = s_.launches[i];
+    const int first_rank = s_.launches.front().first_rank;
+    for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
+      if (moved_) upload_tensor_maps(maps_[static_cast<size_t>(r - first_rank)], s_.params.ranks[r], stream);
+      if (!s_.device_ordered()) s_.zero_counters(r, stream);
+    }
+    if (s_.trace_memory != nullptr && launch.first_rank == 0) {  // the trace is on rank 0's GPU
+      MOK_CUDA_CHECK(cudaMemsetAsync(s_.trace_memory, 0, s_.trace_count_bytes(), stream));
+    }
+  }
+
+  void launch(size_t i, cudaStream_t stream) override {
+    const Launch& launch = s_.launches[i];
+    device::FusedForwardParams mine = s_.params;
+    mine.first_rank = launch.first_rank;
+    mine.launch_ranks = launch.ranks;
+    launched_ = true;  // from here a failure may leave some launch enqueued
+    launch_fused_kernel(mine, launch.ranks * s_.options.ctas_per_rank, stream, s_.system_scope(), training_,
+                        s_.config.dtype == DType::kFP8E4M3);
+  }
+
+ private:
+  WorldState& s_;
+  World& world_;
+  std::vector<RankTensors>& tensors_;
+  std::vector<RankTensorMaps>& maps_;
+  const bool moved_;
+  bool& numbered_;
+  bool& launched_;
+  bool training_ = false;  // some rank keeps its pre-activations: the training kernel
+};
 
 }  // namespace
 
@@ -68,68 +126,11 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
       maps.push_back(encode_tensor_maps(s.config, s.options, s.params.ranks[r], tensors[j], r));
     }
   }
-  bool training = false;  // some rank keeps its pre-activations: the training kernel
   bool numbered = false;  // device-ordered: this pass took a number
   bool launched = false;  // some launch of this pass is enqueued
   try {
-    // 1. Captured passes are ordered by the graph's stream instead (an event
-    //    recorded outside the capture cannot be waited on inside it).
-    if (!capturing && s.pass_done_recorded) {
-      for (size_t i = 0; i < s.launches.size(); ++i) {
-        DeviceScope on(s.launches[i].device);
-        MOK_CUDA_CHECK(cudaStreamWaitEvent(streams[i], s.pass_done[i], 0));
-      }
-    }
-    world.before_workspace(s, streams, tensors);
-
-    for (size_t j = 0; j < tensors.size(); ++j) {
-      device::RankView& v = s.params.ranks[first_rank + static_cast<int>(j)];
-      v.tokens = pass_tokens(s.config, tensors[j], first_rank + static_cast<int>(j));
-      v.x = static_cast<const uint16_t*>(tensors[j].x);
-      v.ids = tensors[j].expert_ids;
-      v.weights = tensors[j].weights;
-      v.out = static_cast<uint16_t*>(tensors[j].out);
-      s.use_pass_state(first_rank + static_cast<int>(j), tensors[j].pass_state);
-      s.params.saved[first_rank + static_cast<int>(j)] = {static_cast<uint16_t*>(tensors[j].preact),
-                                                            static_cast<uint16_t*>(tensors[j].shared_preact)};
-      // The FP8 forward's weight scales (null in bf16, where check_rank_tensors refused any).
-      device::Fp8RankOperands& q = s.params.fp8[first_rank + static_cast<int>(j)];
-      q.w13_scales = static_cast<const uint8_t*>(tensors[j].w13_scales);
-      q.w2_scales = static_cast<const uint8_t*>(tensors[j].w2_scales);
-      training = training || tensors[j].preact != nullptr || tensors[j].shared_preact != nullptr;
-    }
-    if (s.device_ordered()) {
-      s.params.epoch = ++s.epoch;
-      numbered = true;
-    }
-    s.bind_counters(s.params.epoch);
-
-    // 2. The maps (when a tensor moved), the counters (host-ordered), the trace.
-    for (size_t i = 0; i < s.launches.size(); ++i) {
-      const Launch& launch = s.launches[i];
-      DeviceScope on(launch.device);
-      for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
-        if (moved) upload_tensor_maps(maps[static_cast<size_t>(r - first_rank)], s.params.ranks[r], streams[i]);
-        if (!s.device_ordered()) s.zero_counters(r, streams[i]);
-      }
-      if (s.trace_memory != nullptr && launch.first_rank == 0) {  // the trace is on rank 0's GPU
-        MOK_CUDA_CHECK(cudaMemsetAsync(s.trace_memory, 0, s.trace_count_bytes(), streams[i]));
-      }
-    }
-    world.before_launch(s, streams);
-
-    for (size_t i = 0; i < s.launches.size(); ++i) {
-      const Launch& launch = s.launches[i];
-      DeviceScope on(launch.device);
-      device::FusedForwardParams mine = s.params;
-      mine.first_rank = launch.first_rank;
-      mine.launch_ranks = launch.ranks;
-      launched = true;  // from here a failure may leave some launch enqueued
-      launch_fused_kernel(mine, launch.ranks * s.options.ctas_per_rank, streams[i], s.system_scope(), training,
-                          s.config.dtype == DType::kFP8E4M3);
-      if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(s.pass_done[i], streams[i]));
-    }
-    s.pass_done_recorded = !capturing;
+    ForwardSteps steps(s, world, tensors, maps, moved, numbered, launched);
+    enqueue_pass(s, world, steps, streams, capturing);
     if (moved) s.last_tensors = std::move(tensors);
   } catch (...) {
     // A device-ordered pass that reached a launch has used up its number
@@ -141,7 +142,30 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
   }
 }
 
-void wait_for_last_pass(const WorldState& s, std::span<const cudaStream_t> streams) {
+void enqueue_pass(WorldCore& core, World& world, PassSteps& steps, std::span<const cudaStream_t> streams,
+                  bool capturing) {
+  if (!capturing && core.pass_done_recorded) {
+    for (size_t i = 0; i < core.launches.size(); ++i) {
+      DeviceScope on(core.launches[i].device);
+      MOK_CUDA_CHECK(cudaStreamWaitEvent(streams[i], core.pass_done[i], 0));
+    }
+  }
+  world.before_workspace(core, streams);
+  steps.bind(streams);
+  for (size_t i = 0; i < core.launches.size(); ++i) {
+    DeviceScope on(core.launches[i].device);
+    steps.prepare(i, streams[i]);
+  }
+  world.before_launch(core, streams);
+  for (size_t i = 0; i < core.launches.size(); ++i) {
+    DeviceScope on(core.launches[i].device);
+    steps.launch(i, streams[i]);
+    if (!capturing) MOK_CUDA_CHECK(cudaEventRecord(core.pass_done[i], streams[i]));
+  }
+  core.pass_done_recorded = !capturing;
+}
+
+void wait_for_last_pass(const WorldCore& s, std::span<const cudaStream_t> streams) {
   if (s.pass_done_recorded) {
     for (size_t i = 0; i < s.launches.size(); ++i) {
       DeviceScope on(s.launches[i].device);

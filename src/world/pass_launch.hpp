@@ -1,34 +1,59 @@
-// One pass of the fused forward, enqueued the same way in every world; the
-// world (world.hpp) supplies its launches and what happens between the steps.
+// One pass, enqueued the same way in every world and for every pass kind:
+// the world (world.hpp) supplies its launches and what happens between the
+// steps, the pass kind (PassSteps) what its workspaces and kernel need.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <span>
 #include <vector>
 
 #include "mok/fused_forward.hpp"
 #include "world/world.hpp"
+#include "world/world_core.hpp"
 #include "world/world_state.hpp"
 
 namespace mok::world {
 
-// `tensors`: the tensors of the ranks the launches serve, in rank order;
-// `streams[i]`: launch i's stream. Steps, per launch:
+// What one kind of pass (the forward, the backward) does at the steps of
+// enqueue_pass. Launch i serves ranks core.launches[i].first_rank ..
+// + ranks, on `stream` (on its GPU, which is current).
+class PassSteps {
+ public:
+  virtual ~PassSteps() = default;
+  // Once the previous pass ended on every launch and the world's GPUs met:
+  // the pass's tensors and counters into the pointer table (host memory).
+  virtual void bind(std::span<const cudaStream_t> streams) = 0;
+  // What launch i's workspaces need before its kernel: tensor maps, zeroed
+  // counters, trace counts.
+  virtual void prepare(size_t launch, cudaStream_t stream) = 0;
+  // Launch i's kernel.
+  virtual void launch(size_t launch, cudaStream_t stream) = 0;
+};
+
+// Enqueues one pass. Per launch:
 //   1. wait for the previous pass's end there (whatever stream it ran on):
-//      nothing below may touch a workspace a running pass still reads;
-//   2. world.before_workspace (peer, host-ordered: the GPUs meet; process:
-//      stage the inputs);
-//   3. tensor maps (when a tensor moved), host-ordered: counters and trace
-//      counts back to zero;
+//      nothing below may touch a workspace a running pass still reads
+//      (captured passes are ordered by the graph's stream instead: an event
+//      recorded outside a capture cannot be waited on inside it);
+//   2. world.before_workspace (peer, host-ordered: the GPUs meet), then
+//      steps.bind;
+//   3. steps.prepare;
 //   4. world.before_launch (peer, host-ordered: the GPUs meet again);
-//   5. the launch, then its "pass done" event.
+//   5. steps.launch, then its "pass done" event (not while capturing).
+void enqueue_pass(WorldCore& core, World& world, PassSteps& steps, std::span<const cudaStream_t> streams,
+                  bool capturing);
+
+// The forward's pass. `tensors`: the tensors of the ranks the launches
+// serve, in rank order; `streams[i]`: launch i's stream. Host-only work
+// (tensor maps, when a tensor moved) comes first, then enqueue_pass.
 void launch_pass(WorldState& state, World& world, std::vector<RankTensors> tensors,
                  std::span<const cudaStream_t> streams);
 
 // Blocks until the last pass ended on every launch, wherever it ran. Before
 // any pass, or after a captured one (a graph replays on its stream), it
 // synchronizes `streams` instead (streams[i] on launch i's GPU).
-void wait_for_last_pass(const WorldState& state, std::span<const cudaStream_t> streams);
+void wait_for_last_pass(const WorldCore& core, std::span<const cudaStream_t> streams);
 
 }  // namespace mok::world

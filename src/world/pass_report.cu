@@ -64,13 +64,9 @@ void throw_if_barrier_broke(WorldState& s) {
 }  // namespace
 
 PassReport read_pass_report(const WorldState& s) {
+  if (!s.device_ordered()) return s.read_report_words();
   PassReport report;
   DeviceScope on(s.report_device());
-  if (!s.device_ordered()) {
-    MOK_CUDA_CHECK(cudaMemcpy(&report.abort, s.world_words, sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    MOK_CUDA_CHECK(cudaMemcpy(&report.stall, s.world_words + 1, sizeof(report.stall), cudaMemcpyDeviceToHost));
-    return report;
-  }
   if (s.epoch == 0) return report;
   if (s.rank_base[0] == nullptr) {
     if (s.report_at_close) return *s.report_at_close;

@@ -80,13 +80,13 @@ class PeerWorld final : public World {
  public:
   bool allocates(int) const override { return true; }
 
-  std::vector<Launch> launches(const WorldState& s) const override {
+  std::vector<Launch> launches(const WorldCore& s) const override {
     std::vector<Launch> all;
-    for (int r = 0; r < s.config.world_size; ++r) all.push_back(Launch{s.rank_device[static_cast<size_t>(r)], r, 1});
+    for (int r = 0; r < s.world_size; ++r) all.push_back(Launch{s.rank_device[static_cast<size_t>(r)], r, 1});
     return all;
   }
 
-  void connect(WorldState& s) override {
+  void connect(WorldCore& s) override {
     enable_peer_access(s.rank_device);
     if (!s.device_ordered()) {
       ready_ = std::make_unique<GpuMeeting>(s.rank_device);
@@ -96,11 +96,11 @@ class PeerWorld final : public World {
 
   // Once every GPU got here, nobody still reads our counters or writes our
   // combine rows. (Device-ordered passes: the kernel's barriers order them.)
-  void before_workspace(WorldState&, std::span<const cudaStream_t> streams, std::vector<RankTensors>&) override {
+  void before_workspace(WorldCore&, std::span<const cudaStream_t> streams) override {
     if (ready_) ready_->meet(streams);
   }
   // Once every GPU's counters are zero, every GPU may start its rank.
-  void before_launch(WorldState&, std::span<const cudaStream_t> streams) override {
+  void before_launch(WorldCore&, std::span<const cudaStream_t> streams) override {
     if (zeroed_) zeroed_->meet(streams);
   }
 

@@ -19,34 +19,34 @@ namespace {
 class ProcessWorld final : public World {
  public:
   ~ProcessWorld() override {
-    if (mapped_.empty() || state_ == nullptr) return;
+    if (mapped_.empty() || core_ == nullptr) return;
     // A pass still running would touch the peers' memory: let it end first.
     try {
-      DeviceScope on(state_->rank_device[static_cast<size_t>(me_)]);
+      DeviceScope on(core_->rank_device[static_cast<size_t>(me_)]);
       cudaDeviceSynchronize();
-      close_mappings(*state_);
+      close_mappings(*core_);
     } catch (...) {
     }
   }
 
   bool allocates(int rank) const override { return rank == me_; }
 
-  std::vector<Launch> launches(const WorldState& s) const override {
+  std::vector<Launch> launches(const WorldCore& s) const override {
     return {Launch{s.rank_device[static_cast<size_t>(me_)], me_, 1}};
   }
 
-  void connect(WorldState& s) override {
-    state_ = &s;
-    me_ = s.options.process_rank;
+  void connect(WorldCore& s) override {
+    core_ = &s;
+    me_ = s.process_rank;
   }
 
-  bool ready_to_run(const WorldState& s) const override { return s.config.world_size == 1 || imported_; }
+  bool ready_to_run(const WorldCore& s) const override { return s.world_size == 1 || imported_; }
 
   // Peers read this rank's inputs in its workspace. Safe to overwrite once
   // the previous pass's kernel has ended (the pass waited for it): it ended
   // only after every rank finished that pass (the end barrier).
-  void before_workspace(WorldState& s, std::span<const cudaStream_t> streams,
-                        std::vector<RankTensors>& tensors) override {
+  void stage_inputs(WorldState& s, std::span<const cudaStream_t> streams,
+                    std::vector<RankTensors>& tensors) override {
     const RankLayout& L = s.layouts[static_cast<size_t>(me_)];
     const size_t T = static_cast<size_t>(s.config.tokens_per_rank[static_cast<size_t>(me_)]);
     RankTensors& mine = tensors[0];
@@ -143,7 +143,7 @@ class ProcessWorld final : public World {
     return peers;
   }
 
-  void close_mappings(WorldState& s) {
+  void close_mappings(WorldCore& s) {
     for (int q : mapped_) {
       cudaIpcCloseMemHandle(s.rank_base[static_cast<size_t>(q)]);
       s.rank_base[static_cast<size_t>(q)] = nullptr;
@@ -152,7 +152,7 @@ class ProcessWorld final : public World {
     imported_ = false;
   }
 
-  WorldState* state_ = nullptr;
+  WorldCore* core_ = nullptr;
   int me_ = -1;
   std::vector<int> mapped_;  // ranks whose workspace is an IPC mapping (closed, not freed)
   bool imported_ = false;

@@ -9,8 +9,8 @@ namespace {
 class VirtualWorld final : public World {
  public:
   bool allocates(int) const override { return true; }
-  std::vector<Launch> launches(const WorldState& s) const override {
-    return {Launch{s.rank_device[0], 0, s.config.world_size}};
+  std::vector<Launch> launches(const WorldCore& s) const override {
+    return {Launch{s.rank_device[0], 0, s.world_size}};
   }
 };
 

@@ -1,5 +1,7 @@
 #include "world/world.hpp"
 
+#include <string>
+
 #include "mok/error.hpp"
 
 namespace mok::world {
@@ -13,5 +15,14 @@ void World::import_peers(WorldState&, std::span<const std::vector<uint8_t>>) {
 }
 
 void World::close_peers(WorldState&) { throw Error("close_peers: only a process world maps peers"); }
+
+std::unique_ptr<World> make_world(WorldKind kind) {
+  switch (kind) {
+    case WorldKind::kVirtual: return make_virtual_world();
+    case WorldKind::kPeer: return make_peer_world();
+    case WorldKind::kProcess: return make_process_world();
+  }
+  throw Error("unknown world kind " + std::to_string(static_cast<int>(kind)));
+}
 
 }  // namespace mok::world

@@ -10,72 +10,12 @@
 
 namespace mok::world {
 
-namespace {
-// Host-ordered worlds: [0] the abort flag, [1..] the StallReport.
-constexpr size_t kReportWordsBytes = sizeof(uint32_t) + sizeof(protocol::StallReport);
-}  // namespace
-
-WorldState::~WorldState() {
-  // Each release makes its GPU current in a DeviceScope, which puts the
-  // caller's GPU back. Errors are dropped: a destructor must not throw, and a
-  // context a failed pass broke refuses every call.
-  auto release = [](int device, auto&& free) {
-    try {
-      DeviceScope on(device);
-      free();
-    } catch (...) {
-    }
-  };
-  for (size_t i = 0; i < pass_done.size(); ++i) {
-    if (pass_done[i] != nullptr) release(launches[i].device, [&] { cudaEventDestroy(pass_done[i]); });
-  }
-  for (size_t r = 0; r < rank_memory.size(); ++r) {
-    if (rank_memory[r] != nullptr) release(rank_device[r], [&] { cudaFree(rank_memory[r]); });
-  }
-  if (world_words != nullptr) release(report_device(), [&] { cudaFree(world_words); });
-  if (trace_memory != nullptr) release(report_device(), [&] { cudaFree(trace_memory); });
-}
-
-// Every rank of a process world is on this process's GPU as far as this
-// object knows (rank_devices()), so rank 0's GPU is the report GPU in every
-// world.
-int WorldState::report_device() const { return rank_device[0]; }
-
 void WorldState::allocate_rank(int r) {
-  const RankLayout& L = layouts[static_cast<size_t>(r)];
-  DeviceScope on(rank_device[static_cast<size_t>(r)]);
-  MOK_CUDA_CHECK(cudaMalloc(&rank_memory[static_cast<size_t>(r)], L.bytes));
-  rank_base[static_cast<size_t>(r)] = rank_memory[static_cast<size_t>(r)];
   // Both counter sets and the barrier words start at zero; device-ordered
-  // passes never zero them from the host again. Synchronised: a process
-  // world's peers may write here as soon as they hold our handle.
-  const Region zeroed = zeroed_at_creation(L);
-  MOK_CUDA_CHECK(cudaMemset(rank_memory[static_cast<size_t>(r)] + zeroed.offset, 0, zeroed.bytes));
-  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  // passes never zero them from the host again.
+  const RankLayout& L = layouts[static_cast<size_t>(r)];
+  allocate_workspace(r, L.bytes, zeroed_at_creation(L));
   fill_view(r);
-}
-
-void WorldState::allocate_report_words() {
-  DeviceScope on(report_device());
-  MOK_CUDA_CHECK(cudaMalloc(&world_words, kReportWordsBytes));
-  // Zero now, so that check() before the first pass finds no report.
-  MOK_CUDA_CHECK(cudaMemset(world_words, 0, kReportWordsBytes));
-  if (options.trace_events > 0) {
-    const TraceMemory trace = allocate_trace(
-        static_cast<size_t>(config.world_size) * static_cast<size_t>(options.ctas_per_rank), options.trace_events);
-    trace_memory = trace.memory;
-    trace_blocks = trace.blocks;
-    trace_per_block = trace.per_block;
-  }
-  MOK_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-void WorldState::create_pass_events() {
-  pass_done.assign(launches.size(), nullptr);
-  for (size_t i = 0; i < launches.size(); ++i) {
-    DeviceScope on(launches[i].device);
-    MOK_CUDA_CHECK(cudaEventCreateWithFlags(&pass_done[i], cudaEventDisableTiming));
-  }
 }
 
 void WorldState::fill_params() {
@@ -154,7 +94,7 @@ void WorldState::bind_counters(uint32_t pass_epoch) {
 }
 
 void WorldState::zero_counters(int r, cudaStream_t stream) {
-  if (r == 0) MOK_CUDA_CHECK(cudaMemsetAsync(world_words, 0, kReportWordsBytes, stream));
+  if (r == 0) zero_report_words(stream);
   const RankLayout& L = layouts[static_cast<size_t>(r)];
   MOK_CUDA_CHECK(cudaMemsetAsync(rank_memory[static_cast<size_t>(r)] + L.counters[0].offset, 0,
                                  protocol::counter_words(L.geometry) * sizeof(uint32_t), stream));

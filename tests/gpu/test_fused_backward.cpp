@@ -1,4 +1,4 @@
-// The fused backward (mok::FusedBackward, virtual world) against the CPU
+// The fused backward (mok::FusedBackward, virtual and peer worlds) against the CPU
 // reference backward, and the determinism docs/backward-design.md promises:
 // dx, dweights, dW13 and dW2 the same bits at every world size, and every
 // output the same bits over repeated passes and any minibatch, lookahead or SM
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -46,31 +47,54 @@ using mok::synthetic::RoutingMode;
 // rounded once to bf16, fp32 accumulation, dx rounded once to bf16).
 constexpr double kTolerance = 2e-2;
 
-// A device allocation, freed on scope exit. Zero bytes give a null pointer, as
-// DeviceLayer gives a rank without tokens.
+// Makes `device` current for a scope (-1: leaves the current GPU alone).
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    MOK_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device >= 0) MOK_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~OnDevice() { cudaSetDevice(previous_); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// A device allocation on `device` (-1: the current GPU), freed on scope exit.
+// Zero bytes give a null pointer, as DeviceLayer gives a rank without tokens.
 class DeviceBytes {
  public:
-  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
+  explicit DeviceBytes(size_t bytes, int device = -1) : bytes_(bytes), device_(device) {
+    OnDevice on(device_);
     if (bytes_ > 0) MOK_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
   }
   DeviceBytes(DeviceBytes&& other) noexcept
-      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), device_(other.device_) {}
   DeviceBytes(const DeviceBytes&) = delete;
   DeviceBytes& operator=(const DeviceBytes&) = delete;
   DeviceBytes& operator=(DeviceBytes&&) = delete;
-  ~DeviceBytes() { cudaFree(ptr_); }
+  ~DeviceBytes() {
+    if (ptr_ == nullptr) return;
+    OnDevice on(device_);
+    cudaFree(ptr_);
+  }
 
   void* get() const { return ptr_; }
   float* floats() const { return static_cast<float*>(ptr_); }
   // 0xFF bytes: a NaN in bf16 and in fp32.
   void poison() const {
+    OnDevice on(device_);
     if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemset(ptr_, 0xFF, bytes_));
   }
   void upload(const void* host) const {
+    OnDevice on(device_);
     if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice));
   }
   template <typename T>
   std::vector<T> download() const {
+    OnDevice on(device_);
     std::vector<T> host(bytes_ / sizeof(T));
     if (bytes_ > 0) MOK_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
     return host;
@@ -79,6 +103,7 @@ class DeviceBytes {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  int device_ = -1;
 };
 
 // A test layer: a preset-like shape over an uneven world.
@@ -95,19 +120,26 @@ struct Problem {
   std::vector<std::vector<float>> dout;  // [R] of [T_r, H]
   std::unique_ptr<mok::DeviceLayer> device;
   std::vector<DeviceBytes> dout_bf16;  // [R]
+  std::vector<int> devices;            // each rank's GPU (a peer world), or empty: the current GPU
 
   const mok::LayerConfig& config() const { return layer.config; }
+  int device_of(int r) const { return devices.empty() ? -1 : devices[static_cast<size_t>(r)]; }
 };
 
-Problem make_problem(const mok::LayerConfig& config, RoutingMode mode, uint64_t seed) {
+// `devices`: each rank's tensors on its GPU, for a peer world; empty: every
+// rank's on the current GPU.
+Problem make_problem(const mok::LayerConfig& config, RoutingMode mode, uint64_t seed,
+                     const std::vector<int>& devices = {}) {
   Problem p;
   p.layer = mok::synthetic::make_layer(config, seed, mode);
   p.dout = mok::synthetic::random_dout(config, seed + 1);
-  p.device = std::make_unique<mok::DeviceLayer>(p.layer);
-  for (const std::vector<float>& rank : p.dout) {
+  p.device = std::make_unique<mok::DeviceLayer>(p.layer, devices);
+  p.devices = devices;
+  for (size_t r = 0; r < p.dout.size(); ++r) {
+    const std::vector<float>& rank = p.dout[r];
     std::vector<uint16_t> bits(rank.size());
     for (size_t i = 0; i < rank.size(); ++i) bits[i] = mok::float_to_bf16_bits(rank[i]);
-    p.dout_bf16.emplace_back(bits.size() * 2).upload(bits.data());
+    p.dout_bf16.emplace_back(bits.size() * 2, p.device_of(static_cast<int>(r))).upload(bits.data());
   }
   return p;
 }
@@ -132,10 +164,12 @@ SavedPass run_training_forward(const Problem& p, const mok::FusedForwardOptions&
   const bool keep_preact = mode == mok::BackwardMode::kSave;
   for (int r = 0; r < c.world_size; ++r) {
     const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
-    saved.pass_state.emplace_back(forward.pass_state_bytes()).poison();
-    saved.preact.emplace_back(keep_preact ? static_cast<size_t>(forward.saved_rows()) * 2 * c.intermediate * 2 : 0)
+    const int gpu = p.device_of(r);
+    saved.pass_state.emplace_back(forward.pass_state_bytes(), gpu).poison();
+    saved.preact
+        .emplace_back(keep_preact ? static_cast<size_t>(forward.saved_rows()) * 2 * c.intermediate * 2 : 0, gpu)
         .poison();
-    saved.shared_preact.emplace_back(keep_preact ? T * 2 * c.shared_width() * 2 : 0).poison();
+    saved.shared_preact.emplace_back(keep_preact ? T * 2 * c.shared_width() * 2 : 0, gpu).poison();
     mok::RankTensors& t = tensors[static_cast<size_t>(r)];
     t.pass_state = saved.pass_state.back().get();
     t.preact = saved.preact.back().get();
@@ -159,16 +193,18 @@ struct Grads {
 struct Outputs {
   std::vector<DeviceBytes> dx, dweights, dw13, dw2, dshared_w13, dshared_w2;  // [R]
 
-  explicit Outputs(const mok::LayerConfig& c) {
+  // `devices`: each rank's GPU (a peer world), or empty: the current GPU.
+  explicit Outputs(const mok::LayerConfig& c, const std::vector<int>& devices = {}) {
     const size_t H = c.hidden, I = c.intermediate, S = c.shared_width(), El = c.experts_per_rank();
     for (int r = 0; r < c.world_size; ++r) {
       const size_t T = static_cast<size_t>(c.tokens_per_rank[static_cast<size_t>(r)]);
-      dx.emplace_back(T * H * 2);
-      dweights.emplace_back(T * c.top_k * 4);
-      dw13.emplace_back(El * 2 * I * H * 4);
-      dw2.emplace_back(El * H * I * 4);
-      dshared_w13.emplace_back(2 * S * H * 4);
-      dshared_w2.emplace_back(H * S * 4);
+      const int gpu = devices.empty() ? -1 : devices[static_cast<size_t>(r)];
+      dx.emplace_back(T * H * 2, gpu);
+      dweights.emplace_back(T * c.top_k * 4, gpu);
+      dw13.emplace_back(El * 2 * I * H * 4, gpu);
+      dw2.emplace_back(El * H * I * 4, gpu);
+      dshared_w13.emplace_back(2 * S * H * 4, gpu);
+      dshared_w2.emplace_back(H * S * 4, gpu);
     }
   }
 
@@ -246,7 +282,7 @@ Grads forward_then_backward(const Problem& p, const mok::FusedForwardOptions& op
                             mok::BackwardMode mode = mok::BackwardMode::kSave) {
   const SavedPass saved = run_training_forward(p, options, mode);
   mok::FusedBackward backward(p.config(), options, mode);
-  const Outputs out(p.config());
+  const Outputs out(p.config(), p.devices);
   out.poison();
   return run_backward(backward, p, saved, out);
 }
@@ -847,10 +883,51 @@ TEST(FusedBackward, AScheduleLongerThanItsBuffersIsAnErrorNotAnOverrun) {
   }
 }
 
+// The peer world (one GPU per rank: system-scope counters, one launch per
+// GPU, ordered by events; the forward's world code) gives the virtual
+// world's bits for the same ranks, in both modes and over repeated passes.
+// On one GPU it runs as a world of one rank (the multi-GPU path's code on
+// the one GPU: devices = {0}); with more GPUs, as worlds of 2, 4 and 8 ranks
+// too, each over its first GPUs.
+TEST(FusedBackward, ThePeerWorldGivesTheVirtualWorldsBits) {
+  MOK_REQUIRE_HOPPER();
+  int gpus = 0;
+  MOK_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  const std::vector<std::vector<int>> splits = {{600}, {330, 270}, {200, 0, 240, 160}, {90, 60, 110, 0, 100, 80, 70, 90}};
+  for (const std::vector<int>& tokens : splits) {
+    const int R = static_cast<int>(tokens.size());
+    if (R > gpus) {
+      std::printf("  [peer world of %d ranks skipped: %d GPU(s) here]\n", R, gpus);
+      continue;
+    }
+    std::vector<int> devices(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) devices[static_cast<size_t>(r)] = r;
+    const auto config = layer_config(512, 320, 16, 4, 1, tokens);
+    for (const mok::BackwardMode mode : {mok::BackwardMode::kSave, mok::BackwardMode::kRecompute}) {
+      SCOPED_TRACE("R = " + std::to_string(R) + (mode == mok::BackwardMode::kSave ? ", save" : ", recompute"));
+      const Problem virtual_problem = make_problem(config, RoutingMode::kSkewed, 47);
+      const Grads want = forward_then_backward(virtual_problem, {}, mode);
+      expect_matches_reference(virtual_problem, want);
+
+      const Problem peer_problem = make_problem(config, RoutingMode::kSkewed, 47, devices);
+      mok::FusedForwardOptions peer;
+      peer.devices = devices;
+      const SavedPass saved = run_training_forward(peer_problem, peer, mode);
+      mok::FusedBackward backward(config, peer, mode);
+      const Outputs out(config, devices);
+      for (int pass = 0; pass < 3; ++pass) {  // later passes reuse every workspace and event
+        SCOPED_TRACE("pass " + std::to_string(pass));
+        out.poison();
+        expect_same_bits(run_backward(backward, peer_problem, saved, out), want);
+      }
+    }
+  }
+}
+
 TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   MOK_REQUIRE_HOPPER();
   // Worlds and pass orders this version does not run, refused at construction
-  // with the field named. A peer world of one GPU is a valid forward world.
+  // with the field named.
   const auto one_rank = layer_config(256, 128, 8, 2, 1, {200});
   const auto expect_refused = [&](const mok::FusedForwardOptions& options, const char* field) {
     try {
@@ -860,9 +937,6 @@ TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
-  mok::FusedForwardOptions peer;
-  peer.devices = {0};
-  expect_refused(peer, "devices");
   mok::FusedForwardOptions ordered;
   ordered.device_ordered = true;
   expect_refused(ordered, "device_ordered");
