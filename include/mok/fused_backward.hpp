@@ -12,9 +12,10 @@
 //
 // This version: the virtual world (R ranks as R partitions of the current
 // GPU's SMs) and the peer world (one process, one GPU per rank:
-// options.devices, as for the forward), host-ordered passes, save and
-// recompute modes (BackwardMode). Not yet: the process world and
-// device-ordered passes.
+// options.devices, as for the forward), host-ordered or device-ordered
+// passes (options.device_ordered: the world barrier frames each pass, as in
+// the forward), save and recompute modes (BackwardMode). Not yet: the
+// process world.
 // Every gradient, the shared expert's weight gradients included (summed over
 // the rank's own tokens in token order), comes out of the one kernel.
 #pragma once
@@ -99,8 +100,8 @@ class FusedBackward {
   // backward's buffers hold the whole schedule); comm_ctas_per_rank 0 means
   // twice the forward's rule (the backward pulls two rows, dout and x, per
   // schedule row). Throws mok::Error, naming the field, for what this version
-  // does not run (the process world, device-ordered passes) and for invalid
-  // values. Allocates each rank's workspace on its GPU.
+  // does not run (the process world) and for invalid values. Allocates each
+  // rank's workspace on its GPU.
   FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {},
                 BackwardMode mode = BackwardMode::kSave);
   ~FusedBackward();

@@ -5,6 +5,7 @@
 
 #include "mok/error.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
 #include "world/forward_options.hpp"
 
 namespace mok::world {
@@ -85,9 +86,15 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.shared_d13, T_pad * 2 * S * 2);
     take(g.shared_h, T_pad * S * 2);
     take(g.shared_dx, T * H * 2);
-    take(g.counters, (recompute ? protocol::counter_words(g.recompute_geometry) : protocol::counter_words(g.geometry)) *
-                         sizeof(uint32_t));
-    take(g.combine_next, sizeof(uint32_t));
+    // Two counter sets (device-ordered passes use them in turns; host-ordered
+    // ones set 0), each with the combine's cursor after its counters, then
+    // the barrier words: one contiguous region, zeroed at creation.
+    g.counter_set_words =
+        (recompute ? protocol::counter_words(g.recompute_geometry) : protocol::counter_words(g.geometry)) +
+        kCounterSetTailWords;
+    take(g.counters[0], g.counter_set_words * sizeof(uint32_t));
+    take(g.counters[1], g.counter_set_words * sizeof(uint32_t));
+    take(g.barrier, sizeof(protocol::WorldBarrierWords));
     take(g.maps, to_size(recompute ? protocol::num_backward_maps<BackwardRecomputePass>()
                                    : protocol::num_backward_maps<BackwardPass>()) *
                      kernel.tensor_map_bytes);
@@ -106,8 +113,13 @@ std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
   return {{"dout_rows", g.dout_rows},   {"x_rows", g.x_rows},           {"w_rows", g.w_rows},
           {"d13_rows", g.d13_rows},     {"hw_rows", g.hw_rows},         {"dw_parts", g.dw_parts},
           {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
-          {"shared_dx", g.shared_dx},   {"counters", g.counters},       {"combine_next", g.combine_next},
+          {"shared_dx", g.shared_dx},   {"counters[0]", g.counters[0]}, {"counters[1]", g.counters[1]},
+          {"barrier", g.barrier},
           {"maps", g.maps},             {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
+}
+
+Region zeroed_at_creation(const BackwardRankLayout& g) {
+  return Region{g.counters[0].offset, g.barrier.end() - g.counters[0].offset};
 }
 
 }  // namespace mok::world

@@ -42,14 +42,19 @@ struct BackwardRankLayout {
   Region shared_d13;     // bf16 [T rounded up to tile_m, 2S]
   Region shared_h;       // bf16 [T rounded up to tile_m, S]
   Region shared_dx;      // bf16 [T, H]
-  Region counters;       // the backward table's counters (counter_words)
-  Region combine_next;   // uint32 [1]
+  // Two counter sets (device-ordered passes take them in turns, host-ordered
+  // ones set 0), each the backward table's counters (counter_words) and then
+  // the combine's cursor (kCounterSetTailWords), and the world barrier's
+  // words (device-ordered passes).
+  Region counters[2];
+  Region barrier;        // protocol::WorldBarrierWords
   Region maps;           // CUtensorMap [protocol::num_backward_maps]
   // Recompute mode only (empty in save mode): where its recompute kinds keep
   // [gate | up], which its g tasks then read.
   Region kept_preact;         // bf16 [buffer rows, 2I], by schedule row
   Region kept_shared_preact;  // bf16 [T rounded up to tile_m, 2S]
   size_t bytes = 0;
+  size_t counter_set_words = 0;  // uint32 words of each counter set
   // Without schedule rows: each sizes its mode's counters.
   protocol::PassGeometry<protocol::BackwardPass> geometry{};
   protocol::PassGeometry<protocol::BackwardRecomputePass> recompute_geometry{};
@@ -69,6 +74,14 @@ struct BackwardLayout {
 // Throws mok::Error if a rank's pass could have 2^31 GEMM tasks or more.
 BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
                                const KernelFacts& kernel, BackwardMode mode = BackwardMode::kSave);
+
+// Words of a counter set past the table's counters: the combine's cursor
+// (device::FusedBackwardParamsOf::kCounterSetTailWords; static_assert there).
+inline constexpr size_t kCounterSetTailWords = 1;
+
+// What must be zero before a rank's first pass: both counter sets and the
+// barrier words (device-ordered passes never zero them from the host).
+Region zeroed_at_creation(const BackwardRankLayout& layout);
 
 // Every region of a rank's layout, in address order (for the checks).
 std::vector<NamedRegion> regions(const BackwardRankLayout& layout);

@@ -26,14 +26,16 @@
 #include "mok/error.hpp"
 #include "plan/implemented_dtype.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/world_barrier.hpp"
 #include "world/backward_kernel.hpp"
-#include "world/device_scope.hpp"
 #include "world/backward_layout.hpp"
+#include "world/device_scope.hpp"
 #include "world/forward_options.hpp"
 #include "world/pass_params.hpp"
 #include "world/rank_tensors.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/pass_launch.hpp"
+#include "world/pass_report.hpp"
 #include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
 #include "world/world.hpp"
@@ -133,7 +135,6 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     throw Error("FusedBackward: this version runs the virtual and peer worlds, not the process world "
                 "(options.process_rank must be -1); the staged backward (python/mok/staged_backward.py) covers it");
   }
-  if (options.device_ordered) throw Error("FusedBackward: device_ordered passes are not supported yet");
   // The forward accepts fp8 layers; the backward computes bf16 only and
   // says so before anything is sized by the wrong kernel's facts.
   plan::require_implemented_dtype(config, "the fused backward");
@@ -146,19 +147,24 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   s.layout = world::backward_layout(config, s.options, s.kernel, mode);
   static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
                 "backward_layout sizes the maps region by the protocol's count");
+  static_assert(device::FusedBackwardParams::kCounterSetTailWords == world::kCounterSetTailWords &&
+                    device::FusedBackwardRecomputeParams::kCounterSetTailWords == world::kCounterSetTailWords,
+                "backward_layout sizes the counter sets by the words the kernel clears");
 
   const int R = config.world_size;
   world::WorldCore& core = s.core;
-  core.place(world::world_kind(s.options), R, world::rank_devices(config, s.options, gpus), -1, false);
+  core.place(world::world_kind(s.options), R, world::rank_devices(config, s.options, gpus), -1,
+             s.options.device_ordered);
   s.world = world::make_world(core.kind);
   s.world->connect(core);
   core.launches = s.world->launches(core);
   core.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
                              s.options.trace_events);
-  // Nothing in a backward workspace needs zeros before the first pass: each
-  // pass zeroes its counters before its launch.
+  // The counter sets and barrier words start at zero; device-ordered passes
+  // never zero them from the host again.
   for (int r = 0; r < R; ++r) {
-    if (s.world->allocates(r)) core.allocate_workspace(r, s.layout.ranks[static_cast<size_t>(r)].bytes, {});
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    if (s.world->allocates(r)) core.allocate_workspace(r, g.bytes, world::zeroed_at_creation(g));
   }
   core.create_pass_events();
   for (const world::Launch& launch : core.launches) {
@@ -167,10 +173,10 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
   }
 
   const world::TraceMemory trace{core.trace_memory, core.trace_blocks, core.trace_per_block};
-  auto* abort = core.world_words;
-  auto* stall = reinterpret_cast<protocol::StallReport*>(core.world_words + 1);
   s.with_params([&](auto& p) {
     world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
+    p.epoch = 0;
+    p.barrier_timeout_ns = static_cast<uint64_t>(s.options.barrier_timeout_seconds * 1e9);
     p.trace = nullptr;
     p.trace_count = nullptr;
     p.trace_capacity = 0;
@@ -195,21 +201,61 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
       v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
       v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
       v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
-      v.combine_next = reinterpret_cast<uint32_t*>(base + g.combine_next.offset);
-      auto* words = reinterpret_cast<uint32_t*>(base + g.counters.offset);
-      if constexpr (std::is_same_v<typename std::remove_reference_t<decltype(p)>::Pass,
-                                   protocol::BackwardRecomputePass>) {
-        v.counters = protocol::carve_counters(g.recompute_geometry, words, abort, stall);
-        v.kept_preact = reinterpret_cast<uint16_t*>(base + g.kept_preact.offset);
-        v.kept_shared_preact = reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset);
-      } else {
-        v.counters = protocol::carve_counters(g.geometry, words, abort, stall);
-        v.kept_preact = nullptr;
-        v.kept_shared_preact = nullptr;
-      }
+      v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + g.barrier.offset);
+      const bool recompute = mode == BackwardMode::kRecompute;
+      v.kept_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_preact.offset) : nullptr;
+      v.kept_shared_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset) : nullptr;
     }
+    // Counters are bound per pass (bind_counters).
   });
 }
+
+namespace {
+
+// The geometry a rank's counters were sized by, in the table of `Params`.
+template <class Params>
+const auto& counter_geometry(const world::BackwardRankLayout& g) {
+  if constexpr (std::is_same_v<typename Params::Pass, protocol::BackwardRecomputePass>) {
+    return g.recompute_geometry;
+  } else {
+    return g.geometry;
+  }
+}
+
+// Host-ordered: set 0 of every rank, with the world's report words.
+// Device-ordered: set epoch % 2 of every rank, the world's abort flag and
+// stall report being those of rank 0's set (they outlive the pass until the
+// host has read them: docs/protocol.md), and the other set idle (the pass
+// clears it at its end). The combine's cursor is the word after a set's
+// counters.
+// (State: FusedBackward::State, deduced.)
+template <class State, class Params>
+void bind_counters(State& s, Params& p, uint32_t epoch) {
+  const bool ordered = s.core.device_ordered();
+  const int set = ordered ? protocol::counter_set_of(epoch) : 0;
+  uint32_t* abort = s.core.world_words;
+  auto* stall = reinterpret_cast<protocol::StallReport*>(s.core.world_words + 1);
+  if (ordered) {
+    const world::BackwardRankLayout& g0 = s.layout.ranks[0];
+    const auto rank0 = protocol::carve_counters(
+        counter_geometry<Params>(g0), reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[set].offset));
+    abort = rank0.abort;
+    stall = rank0.stall;
+  }
+  for (int r = 0; r < s.config.world_size; ++r) {
+    uint8_t* base = s.core.rank_base[static_cast<size_t>(r)];
+    if (base == nullptr) continue;
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    auto& v = p.ranks[r];
+    auto* words = reinterpret_cast<uint32_t*>(base + g.counters[set].offset);
+    v.counters = protocol::carve_counters(counter_geometry<Params>(g), words, abort, stall);
+    v.combine_next = words + protocol::counter_words(counter_geometry<Params>(g));
+    v.idle_counters = reinterpret_cast<uint32_t*>(base + g.counters[1 - set].offset);
+  }
+  p.epoch = ordered ? epoch : 0;
+}
+
+}  // namespace
 
 FusedBackward::~FusedBackward() = default;
 
@@ -253,6 +299,13 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
     const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
     pass_tokens[static_cast<size_t>(r)] =
         world::checked_pass_tokens(c, t.tokens, r, "FusedBackward::run: rank " + std::to_string(r) + ": ");
+    // A device-ordered pass clears its idle counter set by its own token
+    // tiles (world_barrier_role.cuh): below capacity it would leave the set's
+    // tail stale for the pass after next.
+    if (s.core.device_ordered() && pass_tokens[static_cast<size_t>(r)] != c.tokens_per_rank[static_cast<size_t>(r)]) {
+      throw Error("FusedBackward::run: rank " + std::to_string(r) + ": device-ordered passes run the layer's token "
+                  "counts (tokens must be -1 or tokens_per_rank[r]); use host-ordered passes for fewer tokens");
+    }
     const bool tokens = pass_tokens[static_cast<size_t>(r)] > 0;
     require_pointer(t.x, "x", r, tokens);
     require_pointer(t.weights, "weights", r, tokens, kScalar);
@@ -355,11 +408,17 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
   class BackwardSteps final : public world::PassSteps {
    public:
     BackwardSteps(State& s, std::span<const BackwardRankTensors> ranks, const MapSets& maps, size_t map_count,
-                  bool accumulate, bool bf16_grads)
-        : s_(s), ranks_(ranks), maps_(maps), map_count_(map_count), accumulate_(accumulate), bf16_grads_(bf16_grads) {}
+                  bool accumulate, bool bf16_grads, bool& numbered, bool& launched)
+        : s_(s), ranks_(ranks), maps_(maps), map_count_(map_count), accumulate_(accumulate), bf16_grads_(bf16_grads),
+          numbered_(numbered), launched_(launched) {}
 
     void bind(std::span<const cudaStream_t>) override {
+      if (s_.core.device_ordered()) {
+        ++s_.core.epoch;
+        numbered_ = true;
+      }
       s_.with_params([&](auto& p) {
+        bind_counters(s_, p, s_.core.epoch);
         p.accumulate = accumulate_ ? 1 : 0;
         p.weight_grad_bf16 = bf16_grads_ ? 1 : 0;
         for (int r = 0; r < s_.config.world_size; ++r) {
@@ -386,20 +445,21 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
       });
     }
 
-    // Its ranks' maps, zeroed counters and combine cursor; with rank 0, the
-    // world's report words and the trace counts (on rank 0's GPU).
+    // Its ranks' maps; host-ordered, their counter sets (the combine's
+    // cursor with them) and, with rank 0, the world's report words; the
+    // trace counts (on rank 0's GPU).
     void prepare(size_t i, cudaStream_t stream) override {
       const world::Launch& launch = s_.core.launches[i];
+      const bool ordered = s_.core.device_ordered();
       for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
         const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(r)];
         uint8_t* base = s_.core.rank_base[static_cast<size_t>(r)];
         MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps_[static_cast<size_t>(r)].data(),
                                        sizeof(CUtensorMap) * map_count_, cudaMemcpyHostToDevice, stream));
-        MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters.offset, 0, g.counters.bytes, stream));
-        MOK_CUDA_CHECK(cudaMemsetAsync(base + g.combine_next.offset, 0, g.combine_next.bytes, stream));
+        if (!ordered) MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters[0].offset, 0, g.counters[0].bytes, stream));
       }
       if (launch.first_rank == 0) {
-        s_.core.zero_report_words(stream);
+        if (!ordered) s_.core.zero_report_words(stream);
         if (s_.core.trace_memory != nullptr) {
           MOK_CUDA_CHECK(cudaMemsetAsync(s_.core.trace_memory, 0, s_.core.trace_count_bytes(), stream));
         }
@@ -412,6 +472,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
         auto mine = p;
         mine.first_rank = launch.first_rank;
         mine.launch_ranks = launch.ranks;
+        launched_ = true;  // from here a failure may leave some launch enqueued
         world::launch_backward_kernel(mine, launch.ranks * s_.options.ctas_per_rank, stream,
                                       s_.core.system_scope());
       });
@@ -423,10 +484,21 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
     const MapSets& maps_;
     const size_t map_count_;
     const bool accumulate_, bf16_grads_;
+    bool& numbered_;
+    bool& launched_;
   };
   const std::vector<cudaStream_t> cuda_streams(streams.begin(), streams.end());
-  BackwardSteps steps(s, ranks, maps, map_count, accumulate, bf16_grads);
-  world::enqueue_pass(s.core, *s.world, steps, cuda_streams, world::any_capturing(s.core, cuda_streams));
+  const bool capturing = world::any_capturing(s.core, cuda_streams);
+  world::require_orderable(s.core, capturing, "FusedBackward::run");
+  bool numbered = false;  // device-ordered: this pass took a number
+  bool launched = false;  // some launch of this pass is enqueued
+  try {
+    BackwardSteps steps(s, ranks, maps, map_count, accumulate, bf16_grads, numbered, launched);
+    world::enqueue_pass(s.core, *s.world, steps, cuda_streams, capturing);
+  } catch (...) {
+    world::give_back_number(s.core, numbered, launched);
+    throw;
+  }
 }
 
 void FusedBackward::check(CUstream_st* stream) {
@@ -441,7 +513,24 @@ void FusedBackward::check(CUstream_st* stream) {
 void FusedBackward::check(std::span<CUstream_st* const> streams) {
   State& s = *state_;
   world::wait_for_last_pass(s.core, std::vector<cudaStream_t>(streams.begin(), streams.end()));
-  const world::PassReport report = s.core.read_report_words();
+  world::PassReport report;
+  if (!s.core.device_ordered()) {
+    report = s.core.read_report_words();
+  } else {
+    if (s.core.epoch == 0) return;
+    // A barrier that gave up breaks the world for good and explains any other report.
+    std::vector<size_t> barrier_offset;
+    for (const world::BackwardRankLayout& g : s.layout.ranks) barrier_offset.push_back(g.barrier.offset);
+    world::throw_if_barrier_broke(s.core, barrier_offset, s.options.barrier_timeout_seconds, "fused backward",
+                                  s.options.describe());
+    // The pass's report is in rank 0's counter set of that pass (bind_counters).
+    const world::BackwardRankLayout& g0 = s.layout.ranks[0];
+    auto* words = reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[protocol::counter_set_of(s.core.epoch)].offset);
+    s.with_params([&](auto& p) {
+      const auto rank0 = protocol::carve_counters(counter_geometry<std::remove_reference_t<decltype(p)>>(g0), words);
+      report = world::read_report_at(s.core, rank0.abort, rank0.stall);
+    });
+  }
   if (report.abort == 0) return;
   const protocol::StallReport& stall = report.stall;
   if (static_cast<protocol::CounterId>(stall.counter) == protocol::CounterId::kScheduleOverflow) {

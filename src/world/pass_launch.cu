@@ -94,18 +94,8 @@ class ForwardSteps final : public PassSteps {
 }  // namespace
 
 void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, std::span<const cudaStream_t> streams) {
-  if (s.broken) {
-    throw Error("run: an earlier pass broke this world's barrier (a rank never started or finished a pass); "
-                "this object cannot order passes any more: make a new one");
-  }
   const bool capturing = any_capturing(s, streams);
-  if (capturing && s.device_ordered()) {
-    // The pass number is a kernel parameter: a replayed graph would run stale
-    // passes the world barrier cannot order.
-    throw Error("run: device-ordered passes cannot be captured in a CUDA graph (each pass's number is a kernel "
-                "parameter); use the host-ordered virtual or peer world for graphs");
-  }
-  if (s.device_ordered() && s.epoch == UINT32_MAX) throw Error("run: this world ran 2^32 - 1 passes; make a new one");
+  require_orderable(s, capturing, "run");
   const int first_rank = s.launches.front().first_rank;
   // Tensor maps change only when a tensor moves; steady-state runs skip them.
   // They are built on the host and copied from it, which a graph capture
@@ -133,13 +123,34 @@ void launch_pass(WorldState& s, World& world, std::vector<RankTensors> tensors, 
     enqueue_pass(s, world, steps, streams, capturing);
     if (moved) s.last_tensors = std::move(tensors);
   } catch (...) {
-    // A device-ordered pass that reached a launch has used up its number
-    // there and maybe not on the other launches: the world can no longer be
-    // ordered. One that failed before any launch gives its number back.
-    if (numbered && launched) s.broken = true;
-    if (numbered && !launched) s.params.epoch = --s.epoch;
+    give_back_number(s, numbered, launched);
+    s.params.epoch = s.epoch;
     throw;
   }
+}
+
+void require_orderable(const WorldCore& core, bool capturing, const std::string& who) {
+  if (core.broken) {
+    throw Error(who + ": an earlier pass broke this world's barrier (a rank never started or finished a pass); "
+                "this object cannot order passes any more: make a new one");
+  }
+  if (capturing && core.device_ordered()) {
+    // The pass number is a kernel parameter: a replayed graph would run stale
+    // passes the world barrier cannot order.
+    throw Error(who + ": device-ordered passes cannot be captured in a CUDA graph (each pass's number is a "
+                "kernel parameter); use the host-ordered virtual or peer world for graphs");
+  }
+  if (core.device_ordered() && core.epoch == UINT32_MAX) {
+    throw Error(who + ": this world ran 2^32 - 1 passes; make a new one");
+  }
+}
+
+void give_back_number(WorldCore& core, bool numbered, bool launched) {
+  // A device-ordered pass that reached a launch has used up its number
+  // there and maybe not on the other launches: the world can no longer be
+  // ordered. One that failed before any launch gives its number back.
+  if (numbered && launched) core.broken = true;
+  if (numbered && !launched) --core.epoch;
 }
 
 void enqueue_pass(WorldCore& core, World& world, PassSteps& steps, std::span<const cudaStream_t> streams,

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "mok/fused_forward.hpp"
@@ -44,6 +45,15 @@ class PassSteps {
 //   5. steps.launch, then its "pass done" event (not while capturing).
 void enqueue_pass(WorldCore& core, World& world, PassSteps& steps, std::span<const cudaStream_t> streams,
                   bool capturing);
+
+// Throws mok::Error (naming `who`) if no pass can be ordered now: the world
+// is broken, a device-ordered pass is being captured in a graph, or the pass
+// numbers ran out.
+void require_orderable(const WorldCore& core, bool capturing, const std::string& who);
+
+// After a pass failed on the host: a device-ordered pass that took a number
+// (`numbered`) gives it back if no launch was enqueued, else breaks the world.
+void give_back_number(WorldCore& core, bool numbered, bool launched);
 
 // The forward's pass. `tensors`: the tensors of the ranks the launches
 // serve, in rank order; `streams[i]`: launch i's stream. Host-only work

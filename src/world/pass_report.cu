@@ -13,30 +13,40 @@ namespace {
 
 using std::to_string;
 
-// Device-ordered: a barrier wait that gave up (on any rank this object
-// serves) breaks the world for good.
-void throw_if_barrier_broke(WorldState& s) {
-  for (int r = 0; r < s.config.world_size; ++r) {
-    uint8_t* memory = s.rank_memory[static_cast<size_t>(r)];
+}  // namespace
+
+void throw_if_barrier_broke(WorldCore& core, std::span<const size_t> barrier_offset, double timeout_seconds,
+                            const std::string& what, const std::string& options) {
+  for (int r = 0; r < core.world_size; ++r) {
+    uint8_t* memory = core.rank_memory[static_cast<size_t>(r)];
     if (memory == nullptr) continue;
     protocol::WorldBarrierWords words;
     {
-      DeviceScope on(s.rank_device[static_cast<size_t>(r)]);
-      MOK_CUDA_CHECK(cudaMemcpy(&words, memory + s.layouts[static_cast<size_t>(r)].barrier.offset, sizeof(words),
+      DeviceScope on(core.rank_device[static_cast<size_t>(r)]);
+      MOK_CUDA_CHECK(cudaMemcpy(&words, memory + barrier_offset[static_cast<size_t>(r)], sizeof(words),
                                 cudaMemcpyDeviceToHost));
     }
     if (words.broken == 0) continue;
-    s.broken = true;
+    core.broken = true;
     const protocol::StallReport& report = words.stall;
     const bool start = report.counter == static_cast<uint32_t>(protocol::CounterId::kWorldStarted);
-    throw Error("fused forward: rank " + to_string(report.waiter) + " waited " +
-                to_string(s.options.barrier_timeout_seconds) + " s for rank " + to_string(report.owner) + " to " +
-                (start ? "start" : "finish") + " pass " + to_string(report.target) + " (it had " +
-                (start ? "started" : "finished") + " pass " + to_string(report.observed) +
-                "). Every rank must run every pass (the same number of run() calls), on a GPU it has to "
-                "itself; this world object cannot run further passes (" + s.options.describe() + ")");
+    throw Error(what + ": rank " + to_string(report.waiter) + " waited " + to_string(timeout_seconds) +
+                " s for rank " + to_string(report.owner) + " to " + (start ? "start" : "finish") + " pass " +
+                to_string(report.target) + " (it had " + (start ? "started" : "finished") + " pass " +
+                to_string(report.observed) + "). Every rank must run every pass (the same number of run() calls), "
+                "on a GPU it has to itself; this world object cannot run further passes (" + options + ")");
   }
 }
+
+PassReport read_report_at(const WorldCore& core, const uint32_t* abort, const protocol::StallReport* stall) {
+  PassReport report;
+  DeviceScope on(core.report_device());
+  MOK_CUDA_CHECK(cudaMemcpy(&report.abort, abort, sizeof(uint32_t), cudaMemcpyDefault));
+  MOK_CUDA_CHECK(cudaMemcpy(&report.stall, stall, sizeof(report.stall), cudaMemcpyDefault));
+  return report;
+}
+
+namespace {
 
 [[noreturn]] void throw_report(const WorldState& s, const protocol::StallReport& report) {
   const auto id = static_cast<protocol::CounterId>(report.counter);
@@ -75,15 +85,16 @@ PassReport read_pass_report(const WorldState& s) {
   const int set = protocol::counter_set_of(s.epoch);
   const protocol::ForwardCounters rank0 = protocol::carve_counters(
       s.layouts[0].geometry, reinterpret_cast<uint32_t*>(s.rank_base[0] + s.layouts[0].counters[set].offset));
-  MOK_CUDA_CHECK(cudaMemcpy(&report.abort, rank0.abort, sizeof(uint32_t), cudaMemcpyDefault));
-  MOK_CUDA_CHECK(cudaMemcpy(&report.stall, rank0.stall, sizeof(report.stall), cudaMemcpyDefault));
-  return report;
+  return read_report_at(s, rank0.abort, rank0.stall);
 }
 
 void throw_if_aborted(WorldState& s) {
   if (s.device_ordered()) {
     if (s.epoch == 0) return;
-    throw_if_barrier_broke(s);
+    std::vector<size_t> barrier_offset;
+    for (const RankLayout& L : s.layouts) barrier_offset.push_back(L.barrier.offset);
+    throw_if_barrier_broke(s, barrier_offset, s.options.barrier_timeout_seconds, "fused forward",
+                           s.options.describe());
   }
   const PassReport report = read_pass_report(s);
   if (report.abort != 0) throw_report(s, report.stall);

@@ -111,7 +111,13 @@ TEST(BackwardLayout, SizesAreWhatTheKernelReads) {
   EXPECT_EQ(g.shared_d13.bytes, 128 * 2 * S * 2);  // tokens rounded up to one tile
   EXPECT_EQ(g.shared_h.bytes, 128 * S * 2);
   EXPECT_EQ(g.shared_dx.bytes, T * H * 2);
-  EXPECT_EQ(g.counters.bytes, mok::protocol::counter_words(g.geometry) * 4);
+  for (const auto& set : g.counters) EXPECT_EQ(set.bytes, (mok::protocol::counter_words(g.geometry) + 1) * 4);
+  // Both sets and the barrier words in one region, zeroed at creation.
+  const mok::world::Region zeroed = mok::world::zeroed_at_creation(g);
+  EXPECT_EQ(zeroed.offset, g.counters[0].offset);
+  EXPECT_EQ(zeroed.end(), g.barrier.end());
+  EXPECT_LE(g.counters[0].end(), g.counters[1].offset);
+  EXPECT_LE(g.counters[1].end(), g.barrier.offset);
   // Two per kind (its operands) and the two weight gradients' outputs.
   EXPECT_EQ(g.maps.bytes, (2 * static_cast<size_t>(mok::protocol::BackwardPass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
   // Without a shared expert its regions are empty.
@@ -142,8 +148,8 @@ TEST(BackwardLayout, RecomputeModeAddsTheKeptPreactivationsAndItsTablesCounters)
     EXPECT_EQ(save.ranks[r].kept_shared_preact.bytes, 0u);
     EXPECT_EQ(g.kept_preact.bytes, P * 2 * I * 2);
     EXPECT_EQ(g.kept_shared_preact.bytes, 128 * 2 * S * 2);  // tokens rounded up to one tile
-    EXPECT_EQ(g.counters.bytes, mok::protocol::counter_words(g.recompute_geometry) * 4);
-    EXPECT_GT(g.counters.bytes, save.ranks[r].counters.bytes);  // two more counters
+    EXPECT_EQ(g.counters[0].bytes, (mok::protocol::counter_words(g.recompute_geometry) + 1) * 4);
+    EXPECT_GT(g.counters[0].bytes, save.ranks[r].counters[0].bytes);  // two more counters
     EXPECT_EQ(g.maps.bytes,
               (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
     // The regions do not overlap and fit the rank's bytes.

@@ -924,6 +924,50 @@ TEST(FusedBackward, ThePeerWorldGivesTheVirtualWorldsBits) {
   }
 }
 
+// Device-ordered passes (the host never touches the counters after
+// creation: the world barrier frames each pass, the two counter sets take
+// turns, each cleared at the end of the pass that idles it) give the
+// host-ordered bits, pass after pass, in both modes: in the virtual world
+// of 1 and 4 ranks (one of them without tokens) and in the peer world of
+// one GPU. Five passes: each set serves at least twice.
+TEST(FusedBackward, DeviceOrderedPassesGiveTheHostOrderedBits) {
+  MOK_REQUIRE_HOPPER();
+  struct World { std::vector<int> tokens; std::vector<int> devices; const char* what; };
+  for (const World& w : {World{{600}, {}, "virtual, R = 1"}, World{{200, 0, 240, 160}, {}, "virtual, R = 4"},
+                         World{{600}, {0}, "peer, R = 1"}}) {
+    const auto config = layer_config(512, 320, 16, 4, 1, w.tokens);
+    for (const mok::BackwardMode mode : {mok::BackwardMode::kSave, mok::BackwardMode::kRecompute}) {
+      SCOPED_TRACE(std::string(w.what) + (mode == mok::BackwardMode::kSave ? ", save" : ", recompute"));
+      const Problem p = make_problem(config, RoutingMode::kSkewed, 53, w.devices);
+      mok::FusedForwardOptions host;
+      host.devices = w.devices;
+      const Grads want = forward_then_backward(p, host, mode);
+      expect_matches_reference(p, want);
+
+      mok::FusedForwardOptions ordered = host;
+      ordered.device_ordered = true;
+      const SavedPass saved = run_training_forward(p, ordered, mode);
+      mok::FusedBackward backward(config, ordered, mode);
+      const Outputs out(config, w.devices);
+      for (int pass = 0; pass < 5; ++pass) {
+        SCOPED_TRACE("pass " + std::to_string(pass));
+        out.poison();
+        expect_same_bits(run_backward(backward, p, saved, out), want);
+      }
+      // A pass below the layer's token counts would leave its idle set's
+      // tail stale: refused before launch.
+      std::vector<mok::BackwardRankTensors> fewer = backward_tensors(p, saved, out);
+      fewer[0].tokens = w.tokens[0] - 8;
+      try {
+        backward.run(fewer);
+        ADD_FAILURE() << "ran a device-ordered pass below the layer's token counts";
+      } catch (const mok::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("device-ordered"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   MOK_REQUIRE_HOPPER();
   // Worlds and pass orders this version does not run, refused at construction
@@ -937,9 +981,6 @@ TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
-  mok::FusedForwardOptions ordered;
-  ordered.device_ordered = true;
-  expect_refused(ordered, "device_ordered");
   mok::FusedForwardOptions process;
   process.process_rank = 0;
   expect_refused(process, "process_rank");

@@ -17,6 +17,7 @@
 #include "device/roles/backward_combine_role.cuh"
 #include "device/roles/backward_dispatch_role.cuh"
 #include "device/roles/role_context.cuh"
+#include "device/roles/world_barrier_role.cuh"
 #include "device/trace/trace_record.cuh"
 
 namespace mok::device {
@@ -40,6 +41,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   RoleContext<kScope, false, Params> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
+  // Device-ordered passes: the world barrier frames the pass (no-ops
+  // otherwise); every warp of the rank leaves through world_finish, once.
+  if (!world_start(ctx, cta)) return world_finish<kScope>(params, kFusedWarps);
   if (cta < comm) {
     // A dispatch CTA pulls rows (its copy warps). The first kCombineCtas then
     // run the combine with every warp, from the end of the pipeline on, while
@@ -51,7 +55,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     if (cta < kCombineCtas) {
       if (warp < kCopyWarps) backward_dispatch(ctx, dispatch_smem, cta);
       backward_combine(ctx, warp == 0);
-      return;
+      return world_finish<kScope>(params, kFusedWarps);
     }
     if (warp < kCopyWarps) backward_dispatch(ctx, dispatch_smem, cta);
     __syncthreads();
@@ -63,6 +67,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   if (run_gemm_cta(ctx, *reinterpret_cast<FusedGemmShared*>(smem))) {
     backward_combine(ctx, warp == 4);
   }
+  world_finish<kScope>(params, kFusedWarps);
 }
 
 }  // namespace mok::device

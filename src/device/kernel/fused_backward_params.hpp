@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "mok/layer_config.hpp"
@@ -14,6 +15,7 @@
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
 #include "protocol/pass_backward.hpp"
+#include "protocol/world_barrier.hpp"
 
 namespace mok::device {
 
@@ -62,7 +64,11 @@ struct BackwardRankViewOf {
   uint16_t* shared_d13;    // bf16 [T rounded up to tile_m, 2S]
   uint16_t* shared_h;      // bf16 [T rounded up to tile_m, S]: h of the shared expert (its dW2's operand)
   uint16_t* shared_dx;     // bf16 [T, H]
-  uint32_t* combine_next;  // [1] the next token the rank's combine warps take (zeroed with the counters)
+  uint32_t* combine_next;  // [1] the next token the rank's combine warps take (in the counter set, after the counters)
+  // Device-ordered passes (protocol/world_barrier.hpp): the rank's barrier
+  // words, and its other counter set, which the pass clears at its end.
+  protocol::WorldBarrierWords* barrier;
+  uint32_t* idle_counters;
   // Recompute mode: where its recompute kinds keep [gate | up] (workspace;
   // preact and shared_preact point here too). Null in save mode.
   uint16_t* kept_preact;         // bf16 [buffer rows, 2I]
@@ -72,6 +78,9 @@ struct BackwardRankViewOf {
 template <class PassT>
 struct FusedBackwardParamsOf {
   using Pass = PassT;  // the table the roles walk
+  // Words of a counter set past the pass's counters: the combine's cursor
+  // (combine_next), cleared with them.
+  static constexpr size_t kCounterSetTailWords = 1;
   BackwardRankViewOf<Pass> ranks[kMaxWorldSize];
   int32_t world_size;
   int32_t first_rank;
@@ -90,6 +99,8 @@ struct FusedBackwardParamsOf {
   int32_t accumulate;        // nonzero: weight-gradient tiles are added to the caller's fp32 buffers
   int32_t weight_grad_bf16;  // nonzero: weight-gradient tiles are rounded once to bf16
   uint64_t timeout_ns;
+  uint32_t epoch;               // 0: host-ordered pass; else this device-ordered pass's number (from 1)
+  uint64_t barrier_timeout_ns;  // device-ordered: bound of the start and end barrier waits
   // The pass trace (include/mok/pass_trace.hpp); null when tracing is off.
   TraceEvent* trace;
   uint32_t* trace_count;

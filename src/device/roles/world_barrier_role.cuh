@@ -1,5 +1,6 @@
-// The world barrier in the fused kernel, for device-ordered passes
-// (params.epoch != 0; protocol/world_barrier.hpp, docs/protocol.md). Two calls
+// The world barrier in the fused kernels (forward and backward), for
+// device-ordered passes (params.epoch != 0; protocol/world_barrier.hpp,
+// docs/protocol.md). Two calls
 // frame a rank's pass: world_start by every thread of every CTA before any
 // role, world_finish by every warp once it has left its roles. With epoch 0
 // (host-ordered passes: the host zeroed the counters) both do nothing.
@@ -18,6 +19,18 @@ namespace mok::device {
 template <class Ctx>
 __device__ __forceinline__ protocol::DeviceSync<Ctx::kScope> barrier_sync(const Ctx& ctx) {
   return protocol::DeviceSync<Ctx::kScope>{ctx.params.barrier_timeout_ns};
+}
+
+// Words a counter set holds past the pass's counters (a pass's own cursors),
+// which the end barrier clears with them: Params::kCounterSetTailWords
+// where the params name some.
+template <class Params>
+constexpr size_t counter_set_tail_words() {
+  if constexpr (requires { Params::kCounterSetTailWords; }) {
+    return Params::kCounterSetTailWords;
+  } else {
+    return 0;
+  }
 }
 
 // Every thread of a CTA of the rank (`cta` = its index within the rank).
@@ -47,12 +60,12 @@ __device__ __forceinline__ bool world_start(Ctx& ctx, int cta) {
 // zeroes the rank's other counter set for the next pass. It finds its rank
 // from the block index again, so that nothing stays live across the roles
 // for it (the GEMM consumers are at their register limit).
-template <cuda::thread_scope kScope>
-__device__ __forceinline__ void world_finish(const FusedForwardParams& params, int warps_per_cta) {
+template <cuda::thread_scope kScope, class Params>
+__device__ __forceinline__ void world_finish(const Params& params, int warps_per_cta) {
   if (params.epoch == 0) return;
   __syncwarp();  // the lanes' accesses come before lane 0's release
-  const RoleContext<kScope> ctx{params, params.first_rank + static_cast<int>(blockIdx.x) / params.ctas_per_rank,
-                                {params.barrier_timeout_ns}};
+  const RoleContext<kScope, false, Params> ctx{
+      params, params.first_rank + static_cast<int>(blockIdx.x) / params.ctas_per_rank, {params.barrier_timeout_ns}};
   const int lane = threadIdx.x % 32;
   auto sync = ctx.sync;
   protocol::WorldBarrierWords& mine = *ctx.view().barrier;
@@ -70,7 +83,7 @@ __device__ __forceinline__ void world_finish(const FusedForwardParams& params, i
   // If a peer never finished it may still use our counters: leave them (the
   // world is broken; the host reports it and refuses further passes).
   if (!ok) return;
-  const size_t words = protocol::counter_words(ctx.geometry(0));
+  const size_t words = protocol::counter_words(ctx.geometry(0)) + counter_set_tail_words<Params>();
   protocol::clear_counter_set(sync, ctx.view().idle_counters, words, static_cast<uint32_t>(lane), 32u);
 }
 
