@@ -10,12 +10,13 @@
 //   dweights[t][j] = the parts of (t, j) summed in n-tile order.
 // Host API only.
 //
-// This version: the virtual world (R ranks as R partitions of the current
-// GPU's SMs) and the peer world (one process, one GPU per rank:
-// options.devices, as for the forward), host-ordered or device-ordered
-// passes (options.device_ordered: the world barrier frames each pass, as in
-// the forward), save and recompute modes (BackwardMode). Not yet: the
-// process world.
+// Every world the forward runs: the virtual world (R ranks as R partitions
+// of the current GPU's SMs), the peer world (one process, one GPU per rank:
+// options.devices) and the process world (one process per GPU:
+// options.process_rank, CUDA IPC); host-ordered or device-ordered passes
+// (options.device_ordered, always in the process world: the world barrier
+// frames each pass, as in the forward); save and recompute modes
+// (BackwardMode).
 // Every gradient, the shared expert's weight gradients included (summed over
 // the rank's own tokens in token order), comes out of the one kernel.
 #pragma once
@@ -96,12 +97,12 @@ class FusedBackward {
   // for them (then each pass gives its counts in BackwardRankTensors::tokens),
   // and the forward's options: the
   // same SM split, minibatch and lookahead rules and the same world
-  // (options.devices: the peer world); ring_slots is replaced (the
+  // (options.devices, options.process_rank); ring_slots is replaced (the
   // backward's buffers hold the whole schedule); comm_ctas_per_rank 0 means
   // twice the forward's rule (the backward pulls two rows, dout and x, per
-  // schedule row). Throws mok::Error, naming the field, for what this version
-  // does not run (the process world) and for invalid values. Allocates each
-  // rank's workspace on its GPU.
+  // schedule row). Throws mok::Error, naming the field, for invalid values.
+  // Allocates each rank's workspace on its GPU (a process world: its own
+  // only, with room for the inputs its peers read).
   FusedBackward(const LayerConfig& config, const FusedForwardOptions& options = {},
                 BackwardMode mode = BackwardMode::kSave);
   ~FusedBackward();
@@ -118,10 +119,26 @@ class FusedBackward {
   // rank (on the rank's GPU) in a peer world.
   void run(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
            WeightGradOutput weight_grads);
+  // A process world's pass (options.process_rank >= 0): this rank's tensors
+  // only, on the current GPU; after import_peers() (unless the world has one
+  // rank). Every rank must run every pass (device-ordered: the world barrier
+  // frames each pass), with the layer's token counts.
+  void run(const BackwardRankTensors& mine, CUstream_st* stream = nullptr,
+           WeightGradOutput weight_grads = WeightGradOutput::kFp32);
   // accumulate: kAccumulateFp32, else kFp32.
   void run(std::span<const BackwardRankTensors> ranks, CUstream_st* stream, bool accumulate) {
     run(ranks, stream, accumulate ? WeightGradOutput::kAccumulateFp32 : WeightGradOutput::kFp32);
   }
+
+  // The process world's exchange of workspaces, as FusedForward's: this
+  // rank's handle (opaque bytes; every rank's go to every rank, e.g. by an
+  // all-gather), the peers' mapped from theirs (once, every rank's handle in
+  // rank order, this rank's included), and the mappings closed before the
+  // peers free their workspaces. A forward's handle is refused here (and a
+  // backward's there), as is one of another layer, options or mode.
+  std::vector<uint8_t> export_handle() const;
+  void import_peers(std::span<const std::vector<uint8_t>> handles);
+  void close_peers();
 
   // Waits for the last pass, then throws mok::Error if it aborted (a stalled
   // wait, naming the counter, the ranks and the values).
@@ -142,6 +159,9 @@ class FusedBackward {
   BackwardMode mode() const;
 
  private:
+  void enqueue(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
+               WeightGradOutput weight_grads);
+
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -47,7 +47,7 @@ protocol::PassShape backward_shape(const LayerConfig& config, const FusedForward
 }
 
 BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
-                               const KernelFacts& kernel, BackwardMode mode) {
+                               const KernelFacts& kernel, BackwardMode mode, bool staged_inputs) {
   const bool recompute = mode == BackwardMode::kRecompute;
   BackwardLayout L;
   L.row_capacity = schedule_row_capacity(config, kernel);
@@ -95,6 +95,9 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.counters[0], g.counter_set_words * sizeof(uint32_t));
     take(g.counters[1], g.counter_set_words * sizeof(uint32_t));
     take(g.barrier, sizeof(protocol::WorldBarrierWords));
+    take(g.staged_x, staged_inputs ? T * H * 2 : 0);
+    take(g.staged_dout, staged_inputs ? T * H * 2 : 0);
+    take(g.staged_weights, staged_inputs ? T * k * 4 : 0);
     take(g.maps, to_size(recompute ? protocol::num_backward_maps<BackwardRecomputePass>()
                                    : protocol::num_backward_maps<BackwardPass>()) *
                      kernel.tensor_map_bytes);
@@ -114,8 +117,18 @@ std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
           {"d13_rows", g.d13_rows},     {"hw_rows", g.hw_rows},         {"dw_parts", g.dw_parts},
           {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
           {"shared_dx", g.shared_dx},   {"counters[0]", g.counters[0]}, {"counters[1]", g.counters[1]},
-          {"barrier", g.barrier},
+          {"barrier", g.barrier},       {"staged_x", g.staged_x},       {"staged_dout", g.staged_dout},
+          {"staged_weights", g.staged_weights},
           {"maps", g.maps},             {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
+}
+
+uint64_t backward_fingerprint(const LayerConfig& config, const FusedForwardOptions& options,
+                              const KernelFacts& kernel, BackwardMode mode) {
+  // The forward's fingerprint covers the layer and the options both passes
+  // share; the backward's buffers follow from them and its mode.
+  constexpr uint64_t kBackwardTag = 0x6d6f6b6261636bull;  // "mokback"
+  const uint64_t mode_bits = (static_cast<uint64_t>(mode) + 1) * 0x9e3779b97f4a7c15ull;
+  return layout_fingerprint(config, options, kernel) ^ kBackwardTag ^ mode_bits;
 }
 
 Region zeroed_at_creation(const BackwardRankLayout& g) {

@@ -48,6 +48,11 @@ struct BackwardRankLayout {
   // words (device-ordered passes).
   Region counters[2];
   Region barrier;        // protocol::WorldBarrierWords
+  // Process world only (else empty): this rank's inputs that its peers read,
+  // staged by each pass (a caller's tensors are not IPC-visible).
+  Region staged_x;        // bf16 [T, H]
+  Region staged_dout;     // bf16 [T, H]
+  Region staged_weights;  // fp32 [T, k]
   Region maps;           // CUtensorMap [protocol::num_backward_maps]
   // Recompute mode only (empty in save mode): where its recompute kinds keep
   // [gate | up], which its g tasks then read.
@@ -70,10 +75,18 @@ struct BackwardLayout {
 };
 
 // Every rank's layout, for `options` = backward_options(...), in `mode`
-// (its counters, its maps and, in recompute mode, its kept pre-activations).
+// (its counters, its maps and, in recompute mode, its kept pre-activations;
+// `staged_inputs`: room for the inputs peers read, in a process world).
 // Throws mok::Error if a rank's pass could have 2^31 GEMM tasks or more.
 BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOptions& options,
-                               const KernelFacts& kernel, BackwardMode mode = BackwardMode::kSave);
+                               const KernelFacts& kernel, BackwardMode mode = BackwardMode::kSave,
+                               bool staged_inputs = false);
+
+// The layout's fingerprint, which a process world's ranks compare: the
+// forward's rules (layout_fingerprint) and the backward's own (its mode, its
+// buffers), so that a forward's handle and a backward's never mix.
+uint64_t backward_fingerprint(const LayerConfig& config, const FusedForwardOptions& options,
+                              const KernelFacts& kernel, BackwardMode mode);
 
 // Words of a counter set past the table's counters: the combine's cursor
 // (device::FusedBackwardParamsOf::kCounterSetTailWords; static_assert there).

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_check.hpp"
@@ -124,92 +125,6 @@ struct FusedBackward::State {
   }
 };
 
-FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options, BackwardMode mode)
-    : state_(std::make_unique<State>()) {
-  State& s = *state_;
-  if (mode != BackwardMode::kSave && mode != BackwardMode::kRecompute) {
-    throw Error("FusedBackward: unknown BackwardMode " + std::to_string(static_cast<int>(mode)));
-  }
-  s.mode = mode;
-  if (options.process_rank >= 0) {
-    throw Error("FusedBackward: this version runs the virtual and peer worlds, not the process world "
-                "(options.process_rank must be -1); the staged backward (python/mok/staged_backward.py) covers it");
-  }
-  // The forward accepts fp8 layers; the backward computes bf16 only and
-  // says so before anything is sized by the wrong kernel's facts.
-  plan::require_implemented_dtype(config, "the fused backward");
-  const world::GpuFacts gpus = world::query_gpus();
-  s.kernel = world::fused_kernel_facts(DType::kBF16);
-  s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel, gpus),
-                                      s.kernel);
-  s.config = config;
-  s.pass_state = world::pass_state_layout(config, s.kernel);
-  s.layout = world::backward_layout(config, s.options, s.kernel, mode);
-  static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
-                "backward_layout sizes the maps region by the protocol's count");
-  static_assert(device::FusedBackwardParams::kCounterSetTailWords == world::kCounterSetTailWords &&
-                    device::FusedBackwardRecomputeParams::kCounterSetTailWords == world::kCounterSetTailWords,
-                "backward_layout sizes the counter sets by the words the kernel clears");
-
-  const int R = config.world_size;
-  world::WorldCore& core = s.core;
-  core.place(world::world_kind(s.options), R, world::rank_devices(config, s.options, gpus), -1,
-             s.options.device_ordered);
-  s.world = world::make_world(core.kind);
-  s.world->connect(core);
-  core.launches = s.world->launches(core);
-  core.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
-                             s.options.trace_events);
-  // The counter sets and barrier words start at zero; device-ordered passes
-  // never zero them from the host again.
-  for (int r = 0; r < R; ++r) {
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    if (s.world->allocates(r)) core.allocate_workspace(r, g.bytes, world::zeroed_at_creation(g));
-  }
-  core.create_pass_events();
-  for (const world::Launch& launch : core.launches) {
-    world::DeviceScope on(launch.device);
-    world::allow_backward_kernel_smem(core.system_scope());
-  }
-
-  const world::TraceMemory trace{core.trace_memory, core.trace_blocks, core.trace_per_block};
-  s.with_params([&](auto& p) {
-    world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
-    p.epoch = 0;
-    p.barrier_timeout_ns = static_cast<uint64_t>(s.options.barrier_timeout_seconds * 1e9);
-    p.trace = nullptr;
-    p.trace_count = nullptr;
-    p.trace_capacity = 0;
-    if (trace.memory != nullptr) {
-      p.trace_count = trace.counts();
-      p.trace = trace.events();
-      p.trace_capacity = static_cast<uint32_t>(trace.per_block);
-    }
-    for (int r = 0; r < R; ++r) {
-      const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-      uint8_t* base = core.rank_base[static_cast<size_t>(r)];
-      auto& v = p.ranks[r];
-      v.tokens = config.tokens_per_rank[static_cast<size_t>(r)];
-      v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
-      v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
-      v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
-      v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
-      v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
-      v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
-      v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
-      v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
-      v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
-      v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
-      v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
-      v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + g.barrier.offset);
-      const bool recompute = mode == BackwardMode::kRecompute;
-      v.kept_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_preact.offset) : nullptr;
-      v.kept_shared_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset) : nullptr;
-    }
-    // Counters are bound per pass (bind_counters).
-  });
-}
-
 namespace {
 
 // The geometry a rank's counters were sized by, in the table of `Params`.
@@ -255,7 +170,146 @@ void bind_counters(State& s, Params& p, uint32_t epoch) {
   p.epoch = ordered ? epoch : 0;
 }
 
+
+// Rank r's workspace pointers in the table (its base known: owned or
+// mapped); in a process world, its inputs too (staged there by each pass,
+// where peers read them). Counters are bound per pass (bind_counters).
+// (State: FusedBackward::State, deduced.)
+template <class State, class Params>
+void fill_view(const State& s, Params& p, int r) {
+  const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+  uint8_t* base = s.core.rank_base[static_cast<size_t>(r)];
+  auto& v = p.ranks[r];
+  v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
+  v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
+  v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
+  v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
+  v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
+  v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
+  v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
+  v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
+  v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
+  v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
+  v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
+  v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + g.barrier.offset);
+  const bool recompute = s.mode == BackwardMode::kRecompute;
+  v.kept_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_preact.offset) : nullptr;
+  v.kept_shared_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset) : nullptr;
+  if (s.core.kind == world::WorldKind::kProcess) {
+    v.x = reinterpret_cast<const uint16_t*>(base + g.staged_x.offset);
+    v.dout = reinterpret_cast<const uint16_t*>(base + g.staged_dout.offset);
+    v.weights = reinterpret_cast<const float*>(base + g.staged_weights.offset);
+  }
+}
+
+// Device-ordered: the last pass's report, in rank 0's counter set of that
+// pass (bind_counters); in a process world, kept when the peers were
+// unmapped (rank 0's workspace may be a peer's).
+template <class State>
+world::PassReport device_ordered_report(const State& s) {
+  if (s.core.rank_base[0] == nullptr) {
+    if (s.core.report_at_close) return *s.core.report_at_close;
+    throw Error("FusedBackward::check: rank 0's workspace is not mapped in this process (call import_peers() first)");
+  }
+  const world::BackwardRankLayout& g0 = s.layout.ranks[0];
+  auto* words =
+      reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[protocol::counter_set_of(s.core.epoch)].offset);
+  world::PassReport report;
+  const auto read = [&](const auto& p) {
+    const auto rank0 = protocol::carve_counters(counter_geometry<std::remove_cvref_t<decltype(p)>>(g0), words);
+    report = world::read_report_at(s.core, rank0.abort, rank0.stall);
+  };
+  if (s.mode == BackwardMode::kRecompute) {
+    read(s.recompute_params);
+  } else {
+    read(s.params);
+  }
+  return report;
+}
+
+// What the process world's exchange needs of the backward: its layout's
+// fingerprint and sizes; a mapped peer's views; its last report, kept
+// before the mappings (rank 0's workspace holds it) close.
+template <class State>
+world::WorkspaceExchange backward_exchange(State& s) {
+  world::WorkspaceExchange exchange;
+  exchange.fingerprint = world::backward_fingerprint(s.config, s.options, s.kernel, s.mode);
+  for (const world::BackwardRankLayout& g : s.layout.ranks) exchange.bytes.push_back(g.bytes);
+  exchange.mapped = [&s](int q) { s.with_params([&](auto& p) { fill_view(s, p, q); }); };
+  exchange.closing = [&s] {
+    if (s.core.epoch > 0) s.core.report_at_close = device_ordered_report(s);
+  };
+  return exchange;
+}
+
 }  // namespace
+
+FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options, BackwardMode mode)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  if (mode != BackwardMode::kSave && mode != BackwardMode::kRecompute) {
+    throw Error("FusedBackward: unknown BackwardMode " + std::to_string(static_cast<int>(mode)));
+  }
+  s.mode = mode;
+  // The forward accepts fp8 layers; the backward computes bf16 only and
+  // says so before anything is sized by the wrong kernel's facts.
+  plan::require_implemented_dtype(config, "the fused backward");
+  const world::GpuFacts gpus = world::query_gpus();
+  s.kernel = world::fused_kernel_facts(DType::kBF16);
+  s.options = world::backward_options(config, options, world::resolve_options(config, options, s.kernel, gpus),
+                                      s.kernel);
+  s.config = config;
+  s.pass_state = world::pass_state_layout(config, s.kernel);
+  const world::WorldKind kind = world::world_kind(s.options);
+  s.layout = world::backward_layout(config, s.options, s.kernel, mode, kind == world::WorldKind::kProcess);
+  static_assert(device::kNumBackwardMaps == protocol::num_backward_maps<BackwardPass>(),
+                "backward_layout sizes the maps region by the protocol's count");
+  static_assert(device::FusedBackwardParams::kCounterSetTailWords == world::kCounterSetTailWords &&
+                    device::FusedBackwardRecomputeParams::kCounterSetTailWords == world::kCounterSetTailWords,
+                "backward_layout sizes the counter sets by the words the kernel clears");
+
+  const int R = config.world_size;
+  world::WorldCore& core = s.core;
+  core.place(kind, R, world::rank_devices(config, s.options, gpus), s.options.process_rank,
+             s.options.device_ordered);
+  s.world = world::make_world(core.kind);
+  s.world->connect(core);
+  core.launches = s.world->launches(core);
+  core.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
+                             s.options.trace_events);
+  // The counter sets and barrier words start at zero; device-ordered passes
+  // never zero them from the host again.
+  for (int r = 0; r < R; ++r) {
+    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
+    if (s.world->allocates(r)) core.allocate_workspace(r, g.bytes, world::zeroed_at_creation(g));
+  }
+  core.create_pass_events();
+  for (const world::Launch& launch : core.launches) {
+    world::DeviceScope on(launch.device);
+    world::allow_backward_kernel_smem(core.system_scope());
+  }
+
+  const world::TraceMemory trace{core.trace_memory, core.trace_blocks, core.trace_per_block};
+  s.with_params([&](auto& p) {
+    world::fill_pass_params(p, config, s.options, s.kernel.tile_m);
+    p.epoch = 0;
+    p.barrier_timeout_ns = static_cast<uint64_t>(s.options.barrier_timeout_seconds * 1e9);
+    p.trace = nullptr;
+    p.trace_count = nullptr;
+    p.trace_capacity = 0;
+    if (trace.memory != nullptr) {
+      p.trace_count = trace.counts();
+      p.trace = trace.events();
+      p.trace_capacity = static_cast<uint32_t>(trace.per_block);
+    }
+    for (int r = 0; r < R; ++r) {
+      p.ranks[r].tokens = config.tokens_per_rank[static_cast<size_t>(r)];
+      if (core.rank_base[static_cast<size_t>(r)] != nullptr) fill_view(s, p, r);
+    }
+    // Counters are bound per pass (bind_counters).
+  });
+}
+
 
 FusedBackward::~FusedBackward() = default;
 
@@ -276,13 +330,38 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, CUstream_st*
 
 void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
                         WeightGradOutput weight_grads) {
+  const State& s = *state_;
+  if (s.core.kind == world::WorldKind::kProcess) {
+    throw Error("FusedBackward::run: a process world runs only this rank's tensors: run(mine, stream)");
+  }
+  if (static_cast<int>(ranks.size()) != s.config.world_size) {
+    throw Error("FusedBackward::run: got " + std::to_string(ranks.size()) + " ranks' tensors for a world of " +
+                std::to_string(s.config.world_size));
+  }
+  enqueue(ranks, streams, weight_grads);
+}
+
+void FusedBackward::run(const BackwardRankTensors& mine, CUstream_st* stream, WeightGradOutput weight_grads) {
+  const State& s = *state_;
+  if (s.core.kind != world::WorldKind::kProcess) {
+    throw Error("FusedBackward::run(mine): only a process world (options.process_rank >= 0) runs one rank's "
+                "tensors");
+  }
+  if (!s.world->ready_to_run(s.core)) {
+    throw Error("FusedBackward::run: call import_peers() with every rank's handle first (the peers' workspaces "
+                "are not mapped)");
+  }
+  enqueue(std::span<const BackwardRankTensors>(&mine, 1), std::span<CUstream_st* const>(&stream, 1), weight_grads);
+}
+
+// `ranks`: the tensors of the ranks this object's launches serve, from the
+// first launch's first rank on (every rank, or a process world's own).
+void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::span<CUstream_st* const> streams,
+                            WeightGradOutput weight_grads) {
   State& s = *state_;
   const LayerConfig& c = s.config;
-  const int R = c.world_size;
-  if (static_cast<int>(ranks.size()) != R) {
-    throw Error("FusedBackward::run: got " + std::to_string(ranks.size()) + " ranks' tensors for a world of " +
-                std::to_string(R));
-  }
+  const int first = s.core.launches.front().first_rank;
+  const int served = static_cast<int>(ranks.size());
   if (streams.size() != s.core.launches.size()) {
     throw Error("FusedBackward::run: got " + std::to_string(streams.size()) + " streams; this " +
                 (s.core.kind == world::WorldKind::kPeer ? "peer world needs one per rank (" : "virtual world needs one (") +
@@ -294,9 +373,10 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
     throw Error("FusedBackward::run: unknown WeightGradOutput " + std::to_string(static_cast<int>(weight_grads)));
   }
   const bool shared = c.shared_width() > 0;
-  std::vector<int32_t> pass_tokens(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+  std::vector<int32_t> pass_tokens(static_cast<size_t>(c.world_size));
+  for (int r = 0; r < c.world_size; ++r) pass_tokens[static_cast<size_t>(r)] = c.tokens_per_rank[static_cast<size_t>(r)];
+  for (int r = first; r < first + served; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r - first)];
     pass_tokens[static_cast<size_t>(r)] =
         world::checked_pass_tokens(c, t.tokens, r, "FusedBackward::run: rank " + std::to_string(r) + ": ");
     // A device-ordered pass clears its idle counter set by its own token
@@ -331,7 +411,7 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
   // This pass's token counts: the kernel derives its token tiles from them
   // (the workspace is sized for the capacity), and the maps below read them.
   s.with_params([&](auto& params) {
-    for (int r = 0; r < R; ++r) params.ranks[r].tokens = pass_tokens[static_cast<size_t>(r)];
+    for (int r = 0; r < c.world_size; ++r) params.ranks[r].tokens = pass_tokens[static_cast<size_t>(r)];
   });
 
   // The maps of every rank (host only: a failure here enqueues nothing).
@@ -340,16 +420,16 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
   const cuuint64_t P = static_cast<cuuint64_t>(s.layout.buffer_rows);
   const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
   // Sized for the recompute table, which has the most kinds; a pass uploads its own count.
-  MapSets maps(static_cast<size_t>(R));
+  MapSets maps(static_cast<size_t>(served));
   size_t map_count = 0;
   s.with_params([&](auto& params) {
   using Pass = typename std::remove_reference_t<decltype(params)>::Pass;
   map_count = static_cast<size_t>(device::kBackwardMaps<Pass>);
   auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<Pass>(kind, operand)); };
-  for (int r = 0; r < R; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r)];
+  for (int r = first; r < first + served; ++r) {
+    const BackwardRankTensors& t = ranks[static_cast<size_t>(r - first)];
     const auto& v = params.ranks[r];
-    auto& m = maps[static_cast<size_t>(r)];
+    auto& m = maps[static_cast<size_t>(r - first)];
     m = {};
     const cuuint64_t T = static_cast<cuuint64_t>(v.tokens);
     const cuuint64_t T_pad = align_up(T, kBoxRows);
@@ -412,25 +492,29 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
         : s_(s), ranks_(ranks), maps_(maps), map_count_(map_count), accumulate_(accumulate), bf16_grads_(bf16_grads),
           numbered_(numbered), launched_(launched) {}
 
-    void bind(std::span<const cudaStream_t>) override {
+    void bind(std::span<const cudaStream_t> streams) override {
       if (s_.core.device_ordered()) {
         ++s_.core.epoch;
         numbered_ = true;
       }
+      if (s_.world->stages_inputs()) stage_inputs(streams[0]);
+      const int first = s_.core.launches.front().first_rank;
       s_.with_params([&](auto& p) {
         bind_counters(s_, p, s_.core.epoch);
         p.accumulate = accumulate_ ? 1 : 0;
         p.weight_grad_bf16 = bf16_grads_ ? 1 : 0;
-        for (int r = 0; r < s_.config.world_size; ++r) {
-          const BackwardRankTensors& t = ranks_[static_cast<size_t>(r)];
+        for (int r = first; r < first + static_cast<int>(ranks_.size()); ++r) {
+          const BackwardRankTensors& t = ranks_[static_cast<size_t>(r - first)];
           auto& v = p.ranks[r];
           auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
           v.expert_rows = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_rows.offset);
           v.expert_offset = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_offset.offset);
           v.rows = reinterpret_cast<RowSource*>(state + s_.pass_state.rows.offset);
-          v.x = static_cast<const uint16_t*>(t.x);
-          v.dout = static_cast<const uint16_t*>(t.dout);
-          v.weights = t.weights;
+          if (!s_.world->stages_inputs()) {  // else the staged copies (fill_view), where peers read them
+            v.x = static_cast<const uint16_t*>(t.x);
+            v.dout = static_cast<const uint16_t*>(t.dout);
+            v.weights = t.weights;
+          }
           // Recompute mode: the pre-activations its own gate/up tasks keep.
           v.preact = v.kept_preact != nullptr ? v.kept_preact : static_cast<const uint16_t*>(t.preact);
           v.shared_preact =
@@ -445,20 +529,40 @@ void FusedBackward::run(std::span<const BackwardRankTensors> ranks, std::span<CU
       });
     }
 
+    // The process world: peers read this rank's x, dout and routing weights
+    // in its workspace. Safe to overwrite once the previous pass's kernel has
+    // ended (the pass waited for it): it ended only after every rank
+    // finished that pass (the end barrier).
+    void stage_inputs(cudaStream_t stream) {
+      const int me = s_.core.process_rank;
+      const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(me)];
+      const BackwardRankTensors& mine = ranks_[0];
+      uint8_t* base = s_.core.rank_base[static_cast<size_t>(me)];
+      world::DeviceScope on(s_.core.rank_device[static_cast<size_t>(me)]);
+      const std::pair<const void*, world::Region> copies[] = {
+          {mine.x, g.staged_x}, {mine.dout, g.staged_dout}, {mine.weights, g.staged_weights}};
+      for (const auto& [from, to] : copies) {
+        if (to.bytes > 0) {
+          MOK_CUDA_CHECK(cudaMemcpyAsync(base + to.offset, from, to.bytes, cudaMemcpyDeviceToDevice, stream));
+        }
+      }
+    }
+
     // Its ranks' maps; host-ordered, their counter sets (the combine's
-    // cursor with them) and, with rank 0, the world's report words; the
-    // trace counts (on rank 0's GPU).
+    // cursor with them) and the world's report words; the trace counts. The
+    // first launch's GPU is the report GPU (rank 0's, or a process world's own).
     void prepare(size_t i, cudaStream_t stream) override {
       const world::Launch& launch = s_.core.launches[i];
+      const int first = s_.core.launches.front().first_rank;
       const bool ordered = s_.core.device_ordered();
       for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
         const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(r)];
         uint8_t* base = s_.core.rank_base[static_cast<size_t>(r)];
-        MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps_[static_cast<size_t>(r)].data(),
+        MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps_[static_cast<size_t>(r - first)].data(),
                                        sizeof(CUtensorMap) * map_count_, cudaMemcpyHostToDevice, stream));
         if (!ordered) MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters[0].offset, 0, g.counters[0].bytes, stream));
       }
-      if (launch.first_rank == 0) {
+      if (i == 0) {
         if (!ordered) s_.core.zero_report_words(stream);
         if (s_.core.trace_memory != nullptr) {
           MOK_CUDA_CHECK(cudaMemsetAsync(s_.core.trace_memory, 0, s_.core.trace_count_bytes(), stream));
@@ -523,13 +627,7 @@ void FusedBackward::check(std::span<CUstream_st* const> streams) {
     for (const world::BackwardRankLayout& g : s.layout.ranks) barrier_offset.push_back(g.barrier.offset);
     world::throw_if_barrier_broke(s.core, barrier_offset, s.options.barrier_timeout_seconds, "fused backward",
                                   s.options.describe());
-    // The pass's report is in rank 0's counter set of that pass (bind_counters).
-    const world::BackwardRankLayout& g0 = s.layout.ranks[0];
-    auto* words = reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[protocol::counter_set_of(s.core.epoch)].offset);
-    s.with_params([&](auto& p) {
-      const auto rank0 = protocol::carve_counters(counter_geometry<std::remove_reference_t<decltype(p)>>(g0), words);
-      report = world::read_report_at(s.core, rank0.abort, rank0.stall);
-    });
+    report = device_ordered_report(s);
   }
   if (report.abort == 0) return;
   const protocol::StallReport& stall = report.stall;
@@ -545,6 +643,18 @@ void FusedBackward::check(std::span<CUstream_st* const> streams) {
               std::to_string(stall.target) + " and saw " + std::to_string(stall.observed) +
               " before the timeout");
 }
+
+std::vector<uint8_t> FusedBackward::export_handle() const {
+  return state_->world->export_handle(state_->core, backward_exchange(*state_));
+}
+
+void FusedBackward::import_peers(std::span<const std::vector<uint8_t>> handles) {
+  State& s = *state_;
+  s.world->import_peers(s.core, backward_exchange(s), handles);
+  s.core.report_at_close.reset();
+}
+
+void FusedBackward::close_peers() { state_->world->close_peers(state_->core, backward_exchange(*state_)); }
 
 std::vector<TraceEvent> FusedBackward::trace(CUstream_st* stream) {
   State& s = *state_;

@@ -168,15 +168,33 @@ void FusedForward::launch(std::span<const RankTensors> ranks, std::span<CUstream
                      as_streams(streams));
 }
 
+namespace {
+
+// What the process world's exchange needs of the forward: its layout's
+// fingerprint and sizes; a mapped peer's views; its last report, kept
+// before the mappings (rank 0's workspace holds it) close.
+world::WorkspaceExchange forward_exchange(world::WorldState& s) {
+  world::WorkspaceExchange exchange;
+  exchange.fingerprint = world::layout_fingerprint(s.config, s.options, s.kernel);
+  for (const world::RankLayout& L : s.layouts) exchange.bytes.push_back(L.bytes);
+  exchange.mapped = [&s](int q) { s.fill_view(q); };
+  exchange.closing = [&s] { s.report_at_close = world::read_pass_report(s); };
+  return exchange;
+}
+
+}  // namespace
+
 std::vector<uint8_t> FusedForward::export_handle() const {
-  return state_->world->export_handle(state_->state);
+  return state_->world->export_handle(state_->state, forward_exchange(state_->state));
 }
 
 void FusedForward::import_peers(std::span<const std::vector<uint8_t>> handles) {
-  state_->world->import_peers(state_->state, handles);
+  world::WorldState& s = state_->state;
+  state_->world->import_peers(s, forward_exchange(s), handles);
+  s.report_at_close.reset();
 }
 
-void FusedForward::close_peers() { state_->world->close_peers(state_->state); }
+void FusedForward::close_peers() { state_->world->close_peers(state_->state, forward_exchange(state_->state)); }
 
 void FusedForward::check(std::span<CUstream_st* const> streams) {
   world::wait_for_last_pass(state_->state, as_streams(streams));

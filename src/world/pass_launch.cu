@@ -31,7 +31,7 @@ class ForwardSteps final : public PassSteps {
         launched_(launched) {}
 
   void bind(std::span<const cudaStream_t> streams) override {
-    world_.stage_inputs(s_, streams, tensors_);
+    if (world_.stages_inputs()) stage_inputs(streams[0]);
     const int first_rank = s_.launches.front().first_rank;
     for (size_t j = 0; j < tensors_.size(); ++j) {
       const int r = first_rank + static_cast<int>(j);
@@ -55,6 +55,27 @@ class ForwardSteps final : public PassSteps {
       numbered_ = true;
     }
     s_.bind_counters(s_.params.epoch);
+  }
+
+  // The process world: peers read this rank's x and ids in its workspace.
+  // Safe to overwrite once the previous pass's kernel has ended (the pass
+  // waited for it): it ended only after every rank finished that pass (the
+  // end barrier).
+  void stage_inputs(cudaStream_t stream) {
+    const int me = s_.process_rank;
+    const RankLayout& L = s_.layouts[static_cast<size_t>(me)];
+    const size_t T = static_cast<size_t>(s_.config.tokens_per_rank[static_cast<size_t>(me)]);
+    RankTensors& mine = tensors_[0];
+    uint8_t* base = s_.rank_base[static_cast<size_t>(me)];
+    if (T > 0) {
+      DeviceScope on(s_.rank_device[static_cast<size_t>(me)]);
+      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_x.offset, mine.x, L.staged_x.bytes, cudaMemcpyDeviceToDevice,
+                                     stream));
+      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_ids.offset, mine.expert_ids, L.staged_ids.bytes,
+                                     cudaMemcpyDeviceToDevice, stream));
+    }
+    mine.x = base + L.staged_x.offset;
+    mine.expert_ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);
   }
 
   // The maps (when a tensor moved), the counters (host-ordered), the trace.

@@ -1,15 +1,16 @@
 // The process world: one process per GPU (e.g. under torchrun); this object
-// is one rank, on the current GPU. It allocates only its own workspace, with
-// a staging copy of its x and ids (the caller's tensors cannot be shared),
-// exports it as a CUDA IPC handle and maps its peers' from theirs. Passes are
-// always device-ordered: no host can order the processes' GPUs.
+// is one rank, on the current GPU. It allocates only its own workspace, in
+// which the pass kind stages the inputs its peers read (the caller's tensors
+// cannot be shared: stages_inputs), exports it as a CUDA IPC handle and maps
+// its peers' from theirs (what it needs of the pass kind:
+// WorkspaceExchange). Passes are always device-ordered: no host can order
+// the processes' GPUs.
 #include <cstring>
 #include <string>
 
 #include "common/cuda_check.hpp"
 #include "mok/error.hpp"
 #include "world/device_scope.hpp"
-#include "world/pass_report.hpp"
 #include "world/world.hpp"
 #include "world/world_handle.hpp"
 
@@ -42,32 +43,14 @@ class ProcessWorld final : public World {
 
   bool ready_to_run(const WorldCore& s) const override { return s.world_size == 1 || imported_; }
 
-  // Peers read this rank's inputs in its workspace. Safe to overwrite once
-  // the previous pass's kernel has ended (the pass waited for it): it ended
-  // only after every rank finished that pass (the end barrier).
-  void stage_inputs(WorldState& s, std::span<const cudaStream_t> streams,
-                    std::vector<RankTensors>& tensors) override {
-    const RankLayout& L = s.layouts[static_cast<size_t>(me_)];
-    const size_t T = static_cast<size_t>(s.config.tokens_per_rank[static_cast<size_t>(me_)]);
-    RankTensors& mine = tensors[0];
-    uint8_t* base = s.rank_base[static_cast<size_t>(me_)];
-    if (T > 0) {
-      DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
-      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_x.offset, mine.x, L.staged_x.bytes, cudaMemcpyDeviceToDevice,
-                                     streams[0]));
-      MOK_CUDA_CHECK(cudaMemcpyAsync(base + L.staged_ids.offset, mine.expert_ids, L.staged_ids.bytes,
-                                     cudaMemcpyDeviceToDevice, streams[0]));
-    }
-    mine.x = base + L.staged_x.offset;
-    mine.expert_ids = reinterpret_cast<const int32_t*>(base + L.staged_ids.offset);
-  }
+  bool stages_inputs() const override { return true; }
 
-  std::vector<uint8_t> export_handle(const WorldState& s) const override {
+  std::vector<uint8_t> export_handle(const WorldCore& s, const WorkspaceExchange& exchange) const override {
     WorldHandle handle;
-    handle.world_size = s.config.world_size;
+    handle.world_size = s.world_size;
     handle.rank = me_;
-    handle.fingerprint = layout_fingerprint(s.config, s.options, s.kernel);
-    handle.bytes = s.layouts[static_cast<size_t>(me_)].bytes;
+    handle.fingerprint = exchange.fingerprint;
+    handle.bytes = exchange.bytes[static_cast<size_t>(me_)];
     cudaDeviceProp prop{};
     MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[static_cast<size_t>(me_)]));
     std::memcpy(handle.gpu_uuid, &prop.uuid, sizeof(handle.gpu_uuid));
@@ -76,14 +59,15 @@ class ProcessWorld final : public World {
     return pack_handle(handle);
   }
 
-  void import_peers(WorldState& s, std::span<const std::vector<uint8_t>> handles) override {
-    const int R = s.config.world_size;
+  void import_peers(WorldCore& s, const WorkspaceExchange& exchange,
+                    std::span<const std::vector<uint8_t>> handles) override {
+    const int R = s.world_size;
     if (imported_) throw Error("import_peers: the peers are imported already (once per object)");
     if (static_cast<int>(handles.size()) != R) {
       throw Error("import_peers: got " + std::to_string(handles.size()) + " handles; world_size is " +
                   std::to_string(R) + " (one per rank, in rank order, this rank's included)");
     }
-    const std::vector<WorldHandle> peers = checked_handles(s, handles);
+    const std::vector<WorldHandle> peers = checked_handles(s, exchange, handles);
     DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
     try {
       for (int q = 0; q < R; ++q) {
@@ -94,31 +78,30 @@ class ProcessWorld final : public World {
         MOK_CUDA_CHECK(cudaIpcOpenMemHandle(&base, peers[static_cast<size_t>(q)].ipc, cudaIpcMemLazyEnablePeerAccess));
         s.rank_base[static_cast<size_t>(q)] = static_cast<uint8_t*>(base);
         mapped_.push_back(q);
-        s.fill_view(q);
+        exchange.mapped(q);
       }
     } catch (...) {
       close_mappings(s);
       throw;
     }
-    s.report_at_close.reset();
     imported_ = true;
   }
 
-  void close_peers(WorldState& s) override {
+  void close_peers(WorldCore& s, const WorkspaceExchange& exchange) override {
     DeviceScope on(s.rank_device[static_cast<size_t>(me_)]);
     // No pass of ours may still read or write the mappings.
     MOK_CUDA_CHECK(cudaDeviceSynchronize());
-    // The last pass's report lives in rank 0's workspace: keep it for check().
-    if (!mapped_.empty()) s.report_at_close = read_pass_report(s);
+    if (!mapped_.empty()) exchange.closing();
     close_mappings(s);
   }
 
  private:
-  std::vector<WorldHandle> checked_handles(const WorldState& s, std::span<const std::vector<uint8_t>> handles) const {
-    const int R = s.config.world_size;
+  std::vector<WorldHandle> checked_handles(const WorldCore& s, const WorkspaceExchange& exchange,
+                                          std::span<const std::vector<uint8_t>> handles) const {
+    const int R = s.world_size;
     cudaDeviceProp prop{};
     MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, s.rank_device[static_cast<size_t>(me_)]));
-    const uint64_t fingerprint = layout_fingerprint(s.config, s.options, s.kernel);
+    const uint64_t fingerprint = exchange.fingerprint;
     std::vector<WorldHandle> peers;
     for (int q = 0; q < R; ++q) {
       const WorldHandle h = unpack_handle(handles[static_cast<size_t>(q)], q);
@@ -130,9 +113,10 @@ class ProcessWorld final : public World {
       if (h.rank != q) {
         throw Error(who + " is rank " + std::to_string(h.rank) + "'s handle (give them in rank order)");
       }
-      if (h.fingerprint != fingerprint || h.bytes != s.layouts[static_cast<size_t>(q)].bytes) {
+      if (h.fingerprint != fingerprint || h.bytes != exchange.bytes[static_cast<size_t>(q)]) {
         throw Error(who + ": rank " + std::to_string(q) + " was made with another layer config or options "
-                    "(dims, tokens per rank, minibatch_rows, ring_slots, comm_ctas_per_rank must be equal on every rank)");
+                    "(dims, tokens per rank, minibatch_rows, ring_slots, comm_ctas_per_rank must be equal on every "
+                    "rank), or is another pass's workspace (a forward's and a backward's handles do not mix)");
       }
       if (q != me_ && std::memcmp(h.gpu_uuid, &prop.uuid, sizeof(h.gpu_uuid)) == 0) {
         throw Error(who + ": rank " + std::to_string(q) + " runs on this process's GPU too; a process world "

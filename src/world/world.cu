@@ -6,15 +6,17 @@
 
 namespace mok::world {
 
-std::vector<uint8_t> World::export_handle(const WorldState&) const {
+std::vector<uint8_t> World::export_handle(const WorldCore&, const WorkspaceExchange&) const {
   throw Error("export_handle: only a process world (options.process_rank >= 0) exports its workspace");
 }
 
-void World::import_peers(WorldState&, std::span<const std::vector<uint8_t>>) {
+void World::import_peers(WorldCore&, const WorkspaceExchange&, std::span<const std::vector<uint8_t>>) {
   throw Error("import_peers: only a process world (options.process_rank >= 0) imports its peers");
 }
 
-void World::close_peers(WorldState&) { throw Error("close_peers: only a process world maps peers"); }
+void World::close_peers(WorldCore&, const WorkspaceExchange&) {
+  throw Error("close_peers: only a process world maps peers");
+}
 
 std::unique_ptr<World> make_world(WorldKind kind) {
   switch (kind) {

@@ -4,22 +4,28 @@
 // (fused_forward.cu, fused_backward.cu) validate, lay the workspaces out and
 // drive every pass the same way (pass_launch.cu); a world says which ranks
 // this process allocates, how a pass is split into launches, and what must
-// happen between the steps of a pass. The hooks on WorldCore serve every pass
-// kind; those on WorldState only the forward (the process world's staging and
-// handle exchange, which the backward does not run yet).
+// happen between the steps of a pass; every hook serves both pass kinds.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
-#include "mok/fused_forward.hpp"
-#include "world/world_state.hpp"
+#include "world/world_core.hpp"
 
 namespace mok::world {
+
+// What the process world's exchange of workspaces needs of a pass kind.
+struct WorkspaceExchange {
+  uint64_t fingerprint = 0;         // of the pass kind's layout: every rank's must agree
+  std::vector<size_t> bytes;        // [R] each rank's workspace
+  std::function<void(int)> mapped;  // rank q's workspace was mapped: point its views there
+  std::function<void()> closing;    // before the mappings close: keep what must outlive them
+};
 
 class World {
  public:
@@ -42,15 +48,16 @@ class World {
   // Whether every rank's workspace this process needs is mapped.
   virtual bool ready_to_run(const WorldCore&) const { return true; }
 
-  // The forward's process world: its inputs staged where peers read them
-  // (`tensors` redirected there), called after before_workspace; other
-  // worlds leave the caller's tensors where they are.
-  virtual void stage_inputs(WorldState&, std::span<const cudaStream_t> /*streams*/,
-                            std::vector<RankTensors>& /*tensors*/) {}
-  // The forward's process world's exchange of workspaces; other worlds refuse.
-  virtual std::vector<uint8_t> export_handle(const WorldState& state) const;
-  virtual void import_peers(WorldState& state, std::span<const std::vector<uint8_t>> handles);
-  virtual void close_peers(WorldState& state);
+  // Whether the pass kind must stage the inputs its peers read into its own
+  // workspace (the process world: a caller's tensors are not IPC-visible).
+  virtual bool stages_inputs() const { return false; }
+
+  // The process world's exchange of workspaces (other worlds refuse), for
+  // either pass kind: what it needs of the pass is `exchange`.
+  virtual std::vector<uint8_t> export_handle(const WorldCore& core, const WorkspaceExchange& exchange) const;
+  virtual void import_peers(WorldCore& core, const WorkspaceExchange& exchange,
+                            std::span<const std::vector<uint8_t>> handles);
+  virtual void close_peers(WorldCore& core, const WorkspaceExchange& exchange);
 };
 
 std::unique_ptr<World> make_virtual_world();

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct WorldCore {
   // when the caller switched streams; check() waits for it.
   std::vector<cudaEvent_t> pass_done;
   bool pass_done_recorded = false;  // false before the first pass, and after a captured one
+  // Process world: the last pass's report, read just before the peers were
+  // unmapped (it lives in rank 0's workspace, which may be a peer's).
+  std::optional<PassReport> report_at_close;
 
   WorldCore() = default;
   WorldCore(const WorldCore&) = delete;

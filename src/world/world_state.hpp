@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "device/kernel/fused_forward_params.hpp"
@@ -32,9 +31,6 @@ struct WorldState : WorldCore {
   PassStateLayout pass_state;         // of every rank's pass state, the world's own and a caller's
   device::FusedForwardParams params{};
   std::vector<RankTensors> last_tensors;  // the tensor maps were built for these
-  // Process world: the last pass's report, read just before the peers were
-  // unmapped (it lives in rank 0's workspace, which may be a peer's).
-  std::optional<PassReport> report_at_close;
 
   // Allocates rank r's workspace on its GPU, zeroes its counters and barrier
   // words, and fills its view.

@@ -176,7 +176,11 @@ SavedPass run_training_forward(const Problem& p, const mok::FusedForwardOptions&
     t.shared_preact = saved.shared_preact.back().get();
   }
   p.device->poison_outputs();
-  forward.run(tensors);
+  if (options.process_rank >= 0) {
+    forward.run(tensors[0]);  // a process world runs its own rank's tensors
+  } else {
+    forward.run(tensors);
+  }
   forward.check();
   return saved;
 }
@@ -968,6 +972,67 @@ TEST(FusedBackward, DeviceOrderedPassesGiveTheHostOrderedBits) {
   }
 }
 
+// The process world (one process per GPU, CUDA IPC, always device-ordered;
+// each rank stages the inputs its peers read): a world of one rank on this
+// GPU gives the virtual world's bits, in both modes, pass after pass. (Two
+// ranks need two GPUs: a rank refuses a peer on its own GPU.) Misuse is a
+// clear error: a world's tensors for one rank's object and the reverse, a
+// pass before the peers are mapped, a forward's handle given to a backward.
+TEST(FusedBackward, AProcessWorldOfOneRankGivesTheVirtualWorldsBits) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = layer_config(512, 320, 16, 4, 1, {600});
+  mok::FusedForwardOptions process;
+  process.process_rank = 0;
+  for (const mok::BackwardMode mode : {mok::BackwardMode::kSave, mok::BackwardMode::kRecompute}) {
+    SCOPED_TRACE(mode == mok::BackwardMode::kSave ? "save" : "recompute");
+    const Problem p = make_problem(config, RoutingMode::kSkewed, 61);
+    const Grads want = forward_then_backward(p, {}, mode);
+    expect_matches_reference(p, want);
+
+    const SavedPass saved = run_training_forward(p, process, mode);
+    mok::FusedBackward backward(config, process, mode);
+    EXPECT_TRUE(backward.options().device_ordered);
+    const Outputs out(config);
+    for (int pass = 0; pass < 4; ++pass) {
+      SCOPED_TRACE("pass " + std::to_string(pass));
+      out.poison();
+      backward.run(backward_tensors(p, saved, out)[0]);
+      backward.check();
+      expect_same_bits(out.download(), want);
+    }
+  }
+
+  const auto expect_error = [](auto&& call, const std::string& says) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one saying: " << says;
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  const Problem p = make_problem(config, RoutingMode::kUniform, 67);
+  const SavedPass saved = run_training_forward(p, {});
+  const Outputs out(config);
+  const std::vector<mok::BackwardRankTensors> tensors = backward_tensors(p, saved, out);
+  mok::FusedBackward one_rank(config, process);
+  expect_error([&] { one_rank.run(tensors); }, "run(mine, stream)");
+  mok::FusedBackward virtual_world(config);
+  expect_error([&] { virtual_world.run(tensors[0]); }, "only a process world");
+  expect_error([&] { (void)virtual_world.export_handle(); }, "only a process world");
+  mok::FusedForward forward(config, process);
+  expect_error([&] { one_rank.import_peers(std::vector<std::vector<uint8_t>>{forward.export_handle()}); },
+               "a forward's and a backward's handles do not mix");
+  const auto two_ranks = layer_config(512, 320, 16, 4, 1, {300, 300});
+  mok::FusedBackward rank0(two_ranks, process);
+  const Problem p2 = make_problem(two_ranks, RoutingMode::kUniform, 67);
+  const SavedPass saved2 = run_training_forward(p2, {});
+  const Outputs out2(two_ranks);
+  expect_error([&] { rank0.run(backward_tensors(p2, saved2, out2)[0]); },
+               "import_peers() with every rank's handle first");
+  const std::vector<uint8_t> mine = rank0.export_handle();
+  expect_error([&] { rank0.import_peers(std::vector<std::vector<uint8_t>>{mine}); }, "got 1 handles");
+}
+
 TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
   MOK_REQUIRE_HOPPER();
   // Worlds and pass orders this version does not run, refused at construction
@@ -982,7 +1047,7 @@ TEST(FusedBackward, RefusesWhatThisVersionDoesNotRun) {
     }
   };
   mok::FusedForwardOptions process;
-  process.process_rank = 0;
+  process.process_rank = 2;  // of a world of one
   expect_refused(process, "process_rank");
 
   // Missing saved state, refused by run() before any launch: the outputs keep
