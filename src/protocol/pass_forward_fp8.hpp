@@ -27,8 +27,10 @@
 //
 // The tensors are the bf16 forward's, in FP8 where the routed GEMMs read
 // them: kRingX holds the pulled x rows as e4m3 values plus one ue8m0 scale
-// per 128 columns of a row (the dispatch quantizes while it stages, so its
-// waits and signals are the bf16 forward's), kRingH the gate/up epilogue's h
+// per 128 columns of a row (k-block-major, protocol/ring_scales.hpp, so that
+// a tile's scales come into its stages with its A and B boxes; the dispatch
+// quantizes while it stages, so its waits and signals are the bf16
+// forward's), kRingH the gate/up epilogue's h
 // in the same format (a tile's 128 h columns are one scale block, so each
 // gate/up task writes whole blocks and h_ready still counts its n-tiles), and
 // kW13 / kW2 are e4m3 weights with a scale per 128 x 128 block. x, the shared

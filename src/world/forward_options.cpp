@@ -6,6 +6,7 @@
 #include "mok/error.hpp"
 #include "plan/implemented_dtype.hpp"
 #include "plan/sm_split.hpp"
+#include "protocol/ring_scales.hpp"
 
 namespace mok {
 
@@ -88,13 +89,14 @@ void require_ring(const FusedForwardOptions& o, const KernelFacts& kernel) {
   require(o.lookahead >= 1, "lookahead", o.lookahead, "must be >= 1");
 }
 
-// The FP8 kernel finds a ring row's scales at row x (columns / 128) in 32-bit
-// arithmetic (gemm/fp8_mainloop.cuh): the ring's scale arrays must have
-// fewer than 2^31 entries.
+// The FP8 kernel's producer finds a tile's scales at k-block x pitch + row in
+// 32-bit arithmetic (gemm/fp8_stage_scales.cuh; the layout is
+// protocol/ring_scales.hpp's): the ring's scale arrays must have fewer than
+// 2^31 entries.
 void require_fp8_ring(const LayerConfig& config, const FusedForwardOptions& o) {
   const long long ring_rows = static_cast<long long>(o.ring_slots) * o.minibatch_rows;
   const long long widest = std::max(config.hidden, config.intermediate) / 128;
-  require(ring_rows * widest < (1ll << 31), "ring_slots", o.ring_slots,
+  require(protocol::ring_scale_pitch(ring_rows) * widest < (1ll << 31), "ring_slots", o.ring_slots,
           ("times minibatch_rows = " + std::to_string(o.minibatch_rows) + " times max(hidden, intermediate) / 128 = " +
            std::to_string(widest) + " must stay below 2^31 for fp8: the kernel indexes the ring's scales in 32-bit "
            "arithmetic").c_str());

@@ -8,6 +8,7 @@
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
 #include "protocol/pass_forward_fp8.hpp"
+#include "protocol/ring_scales.hpp"
 #include "protocol/world_barrier.hpp"
 #include "world/pass_tiles.hpp"
 
@@ -133,8 +134,14 @@ RankLayout rank_layout(const LayerConfig& config, const FusedForwardOptions& o, 
   Carver c;
   L.ring_x = c.take(ring_rows * H, element);
   L.ring_h = c.take(ring_rows * I, element);
-  L.ring_x_scales = c.take<uint8_t>(quantized ? ring_rows * (H / fp8::kBlock) : 0);
-  L.ring_h_scales = c.take<uint8_t>(quantized ? ring_rows * (I / fp8::kBlock) : 0);
+  // k-block-major (protocol/ring_scales.hpp): a tile's scales at one k-block
+  // are one bulk copy's contiguous bytes.
+  static_assert(fp8::kBlock == 128, "ring_scales.hpp counts 128-column blocks");
+  auto scale_bytes = [&](int32_t columns) {
+    return quantized ? to_size(protocol::ring_scale_bytes(static_cast<int64_t>(ring_rows), columns)) : 0;
+  };
+  L.ring_x_scales = c.take<uint8_t>(scale_bytes(config.hidden));
+  L.ring_h_scales = c.take<uint8_t>(scale_bytes(config.intermediate));
   L.combine = c.take<uint16_t>(T * k * H);
   L.shared_h = c.take<uint16_t>(align_up(T, to_size(kernel.token_tile_m)) * S);
   L.shared_out = c.take<uint16_t>(T * H);

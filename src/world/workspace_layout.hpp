@@ -22,7 +22,8 @@ namespace mok::world {
 inline constexpr size_t kRegionAlignment = 1024;
 // Bumped whenever the carving below changes: it enters the fingerprint.
 // 3: the FP8 forward's rings (e4m3 bytes) and their scale regions.
-inline constexpr uint32_t kLayoutVersion = 3;
+// 4: those scales k-block-major (protocol/ring_scales.hpp), no longer row-major.
+inline constexpr uint32_t kLayoutVersion = 4;
 
 inline size_t align_up(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -48,12 +49,14 @@ PassStateLayout pass_state_layout(const LayerConfig& config, const KernelFacts& 
 
 // The routed rings hold bf16 rows, or e4m3 rows in an fp8 layer
 // (LayerConfig::dtype kFP8E4M3), each row's ue8m0 scales (one per 128
-// columns) beside them in ring_x_scales / ring_h_scales (empty in bf16).
+// columns) beside them in ring_x_scales / ring_h_scales (empty in bf16),
+// k-block-major: [columns / 128][ring_scale_pitch(ring rows)]
+// (protocol/ring_scales.hpp).
 struct RankLayout {
   Region ring_x;         // bf16 / e4m3 [ring rows, H]
   Region ring_h;         // bf16 / e4m3 [ring rows, I]
-  Region ring_x_scales;  // fp8: ue8m0 [ring rows, H / 128], written by the dispatch (else empty)
-  Region ring_h_scales;  // fp8: ue8m0 [ring rows, I / 128], written by the gate/up epilogue (else empty)
+  Region ring_x_scales;  // fp8: ue8m0 [H / 128, scale pitch], written by the dispatch (else empty)
+  Region ring_h_scales;  // fp8: ue8m0 [I / 128, scale pitch], written by the gate/up epilogue (else empty)
   Region combine;        // bf16 [T * k, H]: y per (token, slot), written by the expert owners
   Region shared_h;       // bf16 [T rounded up to token_tile_m, S]
   Region shared_out;     // bf16 [T, H]

@@ -16,6 +16,7 @@
 #include "mok/presets.hpp"
 #include "mok/row_source.hpp"
 #include "protocol/counters.hpp"
+#include "protocol/ring_scales.hpp"
 #include "protocol/world_barrier.hpp"
 #include "world/pass_tiles.hpp"
 #include "world/workspace_layout.hpp"
@@ -116,8 +117,10 @@ TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
   const size_t ring_rows = 512, T = 100, k = 2, H = 256, I = 128, S = 128, El = 4;
   EXPECT_EQ(L.ring_x.bytes, ring_rows * H);
   EXPECT_EQ(L.ring_h.bytes, ring_rows * I);
-  EXPECT_EQ(L.ring_x_scales.bytes, ring_rows * (H / 128));
-  EXPECT_EQ(L.ring_h_scales.bytes, ring_rows * (I / 128));
+  // k-block-major, [columns / 128][pitch]: 512 rows are their own pitch.
+  EXPECT_EQ(mok::protocol::ring_scale_pitch(512), 512);
+  EXPECT_EQ(L.ring_x_scales.bytes, (H / 128) * ring_rows);
+  EXPECT_EQ(L.ring_h_scales.bytes, (I / 128) * ring_rows);
   // The rest as in bf16: x is pulled and combined in bf16, the shared expert
   // runs 128-row bf16 tiles over the rank's own tokens.
   EXPECT_EQ(L.combine.bytes, T * k * H * 2);
@@ -155,6 +158,25 @@ TEST(WorkspaceLayout, Fp8SizesAreWhatTheKernelReadsForAPreset) {
   EXPECT_EQ(B.ring_x_scales.bytes, 0u);
   EXPECT_EQ(B.ring_h_scales.bytes, 0u);
   EXPECT_EQ(B.ring_x.bytes, 512 * H * 2);
+}
+
+// The rings' scale arrays are k-block-major (protocol/ring_scales.hpp): a
+// tile's rows at one k-block are contiguous (the producer's one bulk copy per
+// stage), each k-block's rows start on a 16-byte boundary (the copy's source
+// alignment).
+TEST(WorkspaceLayout, RingScalesAreBlockMajorWithA16BytePitch) {
+  using mok::protocol::ring_scale_bytes;
+  using mok::protocol::ring_scale_index;
+  using mok::protocol::ring_scale_pitch;
+  EXPECT_EQ(ring_scale_pitch(128), 128);
+  EXPECT_EQ(ring_scale_pitch(100), 112);
+  EXPECT_EQ(ring_scale_pitch(1), 16);
+  EXPECT_EQ(ring_scale_index(5, 0, 112), 5);
+  EXPECT_EQ(ring_scale_index(5, 3, 112), 3 * 112 + 5);
+  EXPECT_EQ(ring_scale_index(6, 3, 112), ring_scale_index(5, 3, 112) + 1);  // rows adjacent
+  EXPECT_EQ(ring_scale_bytes(100, 7168), 56 * 112);
+  // The last row's last block is the array's last byte but for the padding.
+  EXPECT_EQ(ring_scale_index(99, 55, 112), ring_scale_bytes(100, 7168) - (112 - 100) - 1);
 }
 
 // The facts the FP8 instantiation takes from its table (pass_tiles.hpp):

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device/gemm/fp8_stage_scales.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -42,7 +43,7 @@ namespace mok::device {
 
 // Where a grouped FP8 GEMM's scales are (ue8m0 bytes, row-major).
 struct Fp8Scales {
-  const uint8_t* a;  // [m_total, k_blocks]: one per row and 128 of K
+  const uint8_t* a;  // [m_total, k_blocks]: one per row and 128 of K (not read by the wide tile: see mma_fp8_tile)
   const uint8_t* b;  // [G, n_blocks, k_blocks]: one per 128 x 128 block of each group's B
   int32_t k_blocks;  // K / 128
   int32_t n_blocks;  // B rows / 128 (SwiGLU: 2N / 128)
@@ -101,27 +102,36 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t d
 // of A, 32 of B) for 8.4 MFLOP of tensor work. No wgmma or wait sits in a
 // conditional branch (ptxas would serialise them all): the loop is left in
 // its middle after the last stage, whose quarter 3 is promoted after it.
-// `b_half0` / `b_half1`: the halves' B scale rows (offsets, times k_blocks).
-template <class Cfg, bool kAScalesOfThisPass, class Release, class OnStall>
+// A's scales come with the stage (gemm/fp8_stage_scales.cuh: the fused
+// forward's producer copies them into a slot per stage), read from shared
+// memory once the stage is taken: rows `a_row` and `a_row` + 8 of the tile
+// (a tile past the ring's rows cannot occur: see RingScaleStageCopy).
+// B's, of weights written before the launch, are loaded a stage ahead
+// through the non-coherent cache. `b_half0` / `b_half1`: the halves' B
+// scale rows (offsets, times k_blocks). `a_slots`: the slots' shared-window
+// address.
+template <class Cfg, class Release, class OnStall>
 __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                                   int consumer, float (&acc)[Cfg::kAccRegs], const Fp8Scales& scales,
-                                                  int32_t a_top, int32_t a_low, int32_t b_half0, int32_t b_half1,
+                                                  uint32_t a_slots, int a_row, int32_t b_half0, int32_t b_half1,
                                                   const Release& release, const OnStall& on_stall) {
   static_assert(Cfg::kAccRegs == 128, "four 32-register quarters a warpgroup");
   constexpr int kQuarter = 32;
   struct StageScales {
     float top0, low0, top1, low1;
   };
-  auto load_a_scale = [&](int32_t at) {
-    return ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + at) : __ldg(scales.a + at));
+  struct BScales {
+    float half0, half1;
   };
-  auto load_scales = [&](int kb) {
-    const float sb0 = ue8m0_value(__ldg(scales.b + b_half0 + kb));
-    const float sb1 = ue8m0_value(__ldg(scales.b + b_half1 + kb));
-    const float sa_top = load_a_scale(a_top + kb);
-    const float sa_low = load_a_scale(a_low + kb);
-    return StageScales{__fmul_rn(sa_top, sb0), __fmul_rn(sa_low, sb0), __fmul_rn(sa_top, sb1),
-                       __fmul_rn(sa_low, sb1)};
+  auto load_b_scales = [&](int kb) {
+    return BScales{ue8m0_value(__ldg(scales.b + b_half0 + kb)), ue8m0_value(__ldg(scales.b + b_half1 + kb))};
+  };
+  // Each product of two powers of two: exact.
+  auto stage_scales = [&](int held, const BScales& sb) {
+    const float sa_top = ue8m0_value(stage_scale_byte<Cfg::kStages, Cfg::kBlockM>(a_slots, held, a_row));
+    const float sa_low = ue8m0_value(stage_scale_byte<Cfg::kStages, Cfg::kBlockM>(a_slots, held, a_row + 8));
+    return StageScales{__fmul_rn(sa_top, sb.half0), __fmul_rn(sa_low, sb.half0), __fmul_rn(sa_top, sb.half1),
+                       __fmul_rn(sa_low, sb.half1)};
   };
   // Defined before their first wgmma (which overwrites them), so that no
   // register of theirs is undefined when a wgmma chain reads it: otherwise
@@ -159,10 +169,14 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);
   const int k_blocks = scales.k_blocks;  // >= 1: K >= 128 is a layer rule (forward_options.cpp)
-  // The scales one stage ahead (their L2 latency off the promotion's path).
-  StageScales sc = load_scales(0);
+  // B's scales one stage ahead (their latency off the promotion's path); A's
+  // from the stage once it is taken, beside its first quarter's issue: no
+  // instruction between the stage wait and that wgmma waits for them (the
+  // shared loads' latency passes under the previous stage's last promotion).
+  BScales sb = load_b_scales(0);
   StageDescs cur = take_stage();
   issue_fp8_stage(part_even, cur.a, cur.b);
+  StageScales sc = stage_scales(cur.held, sb);
   int kb = 0;
   // Each turn: stage kb's quarter 0 is in flight in part_even. Quarters 0..2
   // are promoted while the next quarter runs, quarter 3 while the next
@@ -171,7 +185,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // middle after the last stage (peeled copies of wgmma made ptxas
   // serialise them too).
   while (true) {
-    const StageScales next_sc = load_scales(min(kb + 1, k_blocks - 1));
+    sb = load_b_scales(min(kb + 1, k_blocks - 1));
     issue_fp8_stage(part_odd, cur.a, cur.b + 1 * kQuarterStep);
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 0>{}, sc);
@@ -182,10 +196,11 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 2>{}, sc);
     wgmma::wait_group<0>();
-    release(cur.held);  // quarter 3 done: the stage's last reads
+    release(cur.held);  // quarter 3 done: the stage's last reads (its A scales were read at its start)
     if (kb + 1 >= k_blocks) break;
     cur = take_stage();
     issue_fp8_stage(part_even, cur.a, cur.b);
+    const StageScales next_sc = stage_scales(cur.held, sb);
     promote(part_odd, std::integral_constant<int, 3>{}, sc);
     sc = next_sc;
     ++kb;
@@ -195,17 +210,20 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
 
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
 // K, promoted stage by stage. Rows at or past m_total are zeros (never stored).
-// kAScalesOfThisPass: A's scales were written during this kernel by other
-// SMs (the fused FP8 forward's rings), so they are read through L2, never
-// through the non-coherent cache (which may hold an earlier generation's).
+// kAScalesInStage: A's scales come with the stages, in the slots at shared
+// address `a_slots` (gemm/fp8_stage_scales.cuh): the fused FP8 forward's
+// wide tiles, whose A scales other SMs write during the kernel (its rings).
+// Otherwise (the grouped GEMM's tiles) they are the caller's row-major
+// array, written before the launch and read through the non-coherent cache.
 // kPartials: 2 (below), or 1 where the registers for a second partial sum
 // are not there (the fused forward's consumers hold more state than the
 // grouped GEMM's: with two, ptxas spilled ~7 KB per thread there). The
 // order of operations on every element is the same, so are the bits.
-template <class Cfg, bool kAScalesOfThisPass = false, int kPartials = 2, class OnStall = TrapOnStall>
+template <class Cfg, bool kAScalesInStage = false, int kPartials = 2, class OnStall = TrapOnStall>
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
-                                             float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {}) {
+                                             float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {},
+                                             uint32_t a_slots = 0) {
   // A warpgroup's wgmma is m64n128k32: 128 weight rows, one 128 x 128 B
   // scale block per stage (a split-N tile's warpgroups take 128 rows each:
   // warpgroup c the stage's B rows 128 c .. 128 c + 127).
@@ -217,6 +235,9 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   static_assert(Cfg::kElement == ElementType::kE4M3 && Cfg::kBlockK == 128 &&
                     (Cfg::kBlockN == 128 || (Cfg::kBlockN == 256 && (kSplitN || Cfg::kBlockM == 128))),
                 "one 128 x 128 B scale block per wgmma group and one 128-deep A scale block per stage");
+  static_assert(kAScalesInStage == kWide,
+                "the wide tile (the fused forward's) takes A's scales from its stages, the others (the grouped "
+                "GEMM's) from the caller's row-major array");
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
   // This thread's rows: row, row + 8 (split N: both warpgroups hold the same rows).
@@ -251,8 +272,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     if constexpr (Cfg::kClusterN == 2) mbarrier_arrive_peer(&ring.empty[s], cluster_rank() ^ 1u);
   };
   if constexpr (kWide) {
-    mma_fp8_wide_tile<Cfg, kAScalesOfThisPass>(smem, ring, consumer, acc, scales, a_top, a_low, b_gate,
-                                               Cfg::kGateUp ? b_up : b_gate + scales.k_blocks, release, on_stall);
+    mma_fp8_wide_tile<Cfg>(smem, ring, consumer, acc, scales, a_slots, row - tile.row0, b_gate,
+                           Cfg::kGateUp ? b_up : b_gate + scales.k_blocks, release, on_stall);
   } else {
     // Issues the next stage's wgmma into `part` (one committed group); returns
     // the stage it reads, to be handed back once that group has retired.
@@ -276,8 +297,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     auto load_scales = [&](int kb) {
       const float sb = ue8m0_value(__ldg(scales.b + b_gate + kb));
       const float sb_up = kSwiGLU ? ue8m0_value(__ldg(scales.b + b_up + kb)) : sb;
-      const float sa_top = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_top + kb) : __ldg(scales.a + a_top + kb));
-      const float sa_low = ue8m0_value(kAScalesOfThisPass ? __ldcg(scales.a + a_low + kb) : __ldg(scales.a + a_low + kb));
+      const float sa_top = ue8m0_value(__ldg(scales.a + a_top + kb));
+      const float sa_low = ue8m0_value(__ldg(scales.a + a_low + kb));
       return StageScales{__fmul_rn(sa_top, sb), __fmul_rn(sa_low, sb), __fmul_rn(sa_top, sb_up),
                          __fmul_rn(sa_low, sb_up)};
     };

@@ -81,15 +81,29 @@ __device__ __forceinline__ bool swiglu_exchange(float (&acc)[Cfg::kAccRegs], flo
   return finisher;
 }
 
+// Where the tile's 128-column block of scales goes: row r's byte at
+// base[r * row_stride + block]. Row-major scales [rows][n / 128] (the grouped
+// GEMM's, the caller's layout): row_stride = n / 128, block = n0 / 128; the
+// fused forward's k-block-major ring (protocol/ring_scales.hpp): row_stride =
+// 1, block = (n0 / 128) * pitch.
+struct ScaleColumn {
+  uint8_t* base;
+  int64_t row_stride;
+  int64_t block;
+};
+__device__ __forceinline__ ScaleColumn row_major_scales(uint8_t* scales, const GemmTile& tile, int n) {
+  return ScaleColumn{scales, n / 128, tile.n0 / 128};
+}
+
 // A finisher warp: its 16 rows of h (in `h`, an m64n128 accumulator fragment), each
 // row's 128 values quantized with the row's scale, through its staging, to
-// values[row * n + tile.n0 ..] and scales[row * (n / 128) + tile.n0 / 128].
+// values[row * n + tile.n0 ..] and the row's byte of `scales`.
 // `tile.row0` is the first row of the warp's warpgroup (the wide tile's
 // warpgroup 1: the tile's row 64).
 template <class Cfg>
 __device__ __forceinline__ void store_quantized_h_rows(const float (&h)[64], GemmSharedStorage<Cfg>& smem,
                                                        int consumer, const GemmTile& tile, uint8_t* values,
-                                                       uint8_t* scales, int n) {
+                                                       const ScaleColumn& scales, int n) {
   constexpr int kRegs = 64;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
@@ -133,13 +147,13 @@ __device__ __forceinline__ void store_quantized_h_rows(const float (&h)[64], Gem
   for (int hh = 0; hh < 2; ++hh) {
     const int row = first_row + lane / 4 + 8 * hh;
     if (lane % 4 == 0 && row < tile.row_end) {
-      scales[static_cast<int64_t>(row) * (n / 128) + tile.n0 / 128] = static_cast<uint8_t>(127 + e[hh]);
+      scales.base[static_cast<int64_t>(row) * scales.row_stride + scales.block] = static_cast<uint8_t>(127 + e[hh]);
     }
   }
   __syncwarp();  // the staging is reused by the next tile's writes
 }
 
-// `values` e4m3 [m_total][n], `scales` ue8m0 [m_total][n / 128];
+// `values` e4m3 [m_total][n], `scales` the tile's block of ue8m0 scales;
 // `exchange` Cfg::kExchangeFloats of shared memory (kRounds 1), or half of
 // that (kRounds 2: it may be the staging itself); barrier_id names a barrier
 // of the 256 consumer threads (both warpgroups call this for every tile).
@@ -147,8 +161,8 @@ template <class Cfg, int kRounds = 1>
 __device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cfg::kAccRegs],
                                                            GemmSharedStorage<Cfg>& smem, float* exchange,
                                                            int consumer,
-                                                           const GemmTile& tile, uint8_t* values, uint8_t* scales,
-                                                           int n, int barrier_id) {
+                                                           const GemmTile& tile, uint8_t* values,
+                                                           const ScaleColumn& scales, int n, int barrier_id) {
   static_assert(Cfg::kSplitN && Cfg::kAccRegs == 64, "the split-N FP8 gate/up tile: 64 rows x 128 columns a warpgroup");
   float h[Cfg::kAccRegs];
 #pragma unroll
@@ -170,7 +184,7 @@ template <class Cfg>
 __device__ __forceinline__ void store_swiglu_quantize_wide_tile(const float (&acc)[Cfg::kAccRegs],
                                                                 GemmSharedStorage<Cfg>& smem, int consumer,
                                                                 const GemmTile& tile, uint8_t* values,
-                                                                uint8_t* scales, int n) {
+                                                                const ScaleColumn& scales, int n) {
   static_assert(!Cfg::kSplitN && Cfg::kBlockM == 128 && Cfg::kAccRegs == 128,
                 "the wide FP8 gate/up tile: 64 rows x (128 gate + 128 up) columns a warpgroup");
   float h[64];

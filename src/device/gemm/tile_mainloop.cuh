@@ -31,13 +31,22 @@ struct GemmTensorMaps {
   const CUtensorMap* b;
 };
 
+// What a stage carries besides its A and B boxes: nothing, or Extra::kBytes
+// more, copied by `extra(kb, stage, full)` onto the stage's full barrier (the
+// fused FP8 forward's A scales, gemm/fp8_stage_scales.cuh).
+struct NoStageExtra {
+  static constexpr uint32_t kBytes = 0;
+  __device__ __forceinline__ void operator()(int, int, uint64_t*) const {}
+};
+
 // Producer (one thread): stream the tile's k_blocks stages into the ring.
-template <class Cfg>
+template <class Cfg, class Extra = NoStageExtra>
 __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmSharedStorage<Cfg>& smem,
                                           StageRing<Cfg::kStages>& ring, const GemmTile& tile,
-                                          int k_blocks) {
+                                          int k_blocks, Extra extra = {}) {
   for (int kb = 0; kb < k_blocks; ++kb) {
-    uint64_t* full = ring.producer_acquire(Cfg::kStageBytes);
+    uint64_t* full = ring.producer_acquire(Cfg::kStageBytes + Extra::kBytes);
+    if constexpr (Extra::kBytes > 0) extra(kb, ring.stage, full);
     auto& stage = smem.stages[ring.stage];
     const int k0 = kb * Cfg::kBlockK;
     if constexpr (Cfg::kClusterN == 2) {

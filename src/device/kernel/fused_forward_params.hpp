@@ -76,10 +76,12 @@ struct SavedPreactivations {
 // The FP8 pass, per rank (LayerConfig::dtype kFP8E4M3; docs/fp8-forward-design.md):
 // the scales beside the e4m3 bytes. There the view's w13 / w2 maps read e4m3
 // weights, and ring_x / ring_h hold e4m3 rows (1 byte per value), each row's
-// ue8m0 scales (one per 128 columns) in these workspace arrays.
+// ue8m0 scales (one per 128 columns) in these workspace arrays, k-block-major
+// (protocol/ring_scales.hpp: pitch = ring_scale_pitch(ring rows)), so that a
+// tile's rows at one k-block are one bulk copy into its stage.
 struct Fp8RankOperands {
-  uint8_t* ring_x_scales;      // [ring rows, H / 128]: written by the dispatch, which quantizes the pulled rows
-  uint8_t* ring_h_scales;      // [ring rows, I / 128]: written by the gate/up epilogue
+  uint8_t* ring_x_scales;      // [H / 128, pitch]: written by the dispatch, which quantizes the pulled rows
+  uint8_t* ring_h_scales;      // [I / 128, pitch]: written by the gate/up epilogue
   const uint8_t* w13_scales;   // [El, 2I / 128, H / 128] (the caller's, mok::fp8::quantize_weight's layout)
   const uint8_t* w2_scales;    // [El, H / 128, I / 128]
 };

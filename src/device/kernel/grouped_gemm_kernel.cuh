@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         store_swiglu_backward_tile<Cfg>(acc, smem, consumer, tile, params.swiglu_backward);
       } else if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUQuantize) {
         store_swiglu_quantize_tile<Cfg>(acc, smem, shared.exchange, consumer, tile,
-                                        reinterpret_cast<uint8_t*>(params.out), params.out_scales, params.n_cols,
+                                        reinterpret_cast<uint8_t*>(params.out),
+                                        row_major_scales(params.out_scales, tile, params.n_cols), params.n_cols,
                                         kBarrierGemmExchange);
       } else {  // plain or SwiGLU; a split-N plain tile's warpgroups store 128 columns each
         store_tile<Cfg>(acc, smem, consumer, tile, params.out, params.n_cols);

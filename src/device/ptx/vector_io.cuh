@@ -1,10 +1,11 @@
-// 16-byte moves with their state space spelled out. A pointer into dynamic
-// shared memory that has travelled through references and casts reaches the
-// compiler as a generic address; plain C++ loads through it become generic
-// LD instructions, and stores through a row pointer of unknown origin become
-// generic ST. These wrappers name the space, so the epilogue's shared reads
-// are LDS and its global writes STG, each one instruction with no address
-// window check.
+// 16-byte moves (and a one-byte shared load) with their state space spelled
+// out. A pointer into dynamic shared memory that has travelled through
+// references and casts reaches the compiler as a generic address; plain C++
+// loads through it become generic LD instructions, and stores through a row
+// pointer of unknown origin become generic ST. These wrappers name the space,
+// so the epilogue's shared reads (and the FP8 K loop's scale reads) are LDS
+// and its global writes STG, each one instruction with no address window
+// check.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,14 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(addr)
                : "memory");
+  return v;
+}
+
+// One byte. volatile + "memory" as above: it stays after the mbarrier wait
+// that makes the byte valid (a stage's full barrier).
+__device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
 

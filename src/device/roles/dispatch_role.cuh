@@ -17,6 +17,7 @@
 #include "device/quant/e4m3.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/trace/trace_record.cuh"
+#include "protocol/ring_scales.hpp"
 
 namespace mok::device {
 
@@ -121,10 +122,12 @@ static_assert(kCopyWarps * kFp8QuantizeParts <= kScheduleWarpsPerCta, "the helpe
 // and one ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host
 // quantizer and the CPU reference apply, so a row's bytes depend only on the
 // row) -- and stored to the ring with plain stores, which the caller fences
-// toward the gate/up tasks' TMA reads. Every part walks the same rows and
-// slots (the same schedule reads), so their slot phases agree; a slot is
-// refilled once every part is through it (named barrier kBarrierDispatchRows
-// + copy_warp).
+// toward the gate/up tasks' TMA and bulk-copy reads (the scales go
+// k-block-major, protocol/ring_scales.hpp: a row's scale bytes land a pitch
+// apart, so that a tile's rows at one k-block are one copy into a GEMM
+// stage). Every part walks the same rows and slots (the same schedule
+// reads), so their slot phases agree; a slot is refilled once every part is
+// through it (named barrier kBarrierDispatchRows + copy_warp).
 template <class Ctx, class Geometry>
 __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, int copy_warp, int part,
                                                 uint32_t& phases, const Geometry& g, int32_t m_tile) {
@@ -135,6 +138,8 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
   const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
   uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_x);
   uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_x_scales;
+  const int64_t pitch =
+      protocol::ring_scale_pitch(static_cast<int64_t>(ctx.params.ring_slots) * ctx.params.minibatch_rows);
   const RowSource* tile_rows = v.rows + static_cast<int64_t>(m_tile) * g.tile_m;
   const int32_t tile_m = g.tile_m;
   auto next_real_row = [&](int32_t start) {
@@ -168,7 +173,7 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
     const int64_t row = ring_row0 + pending_row[slot];
     const uint32_t base = shared_address(smem.slots[copy_warp][slot]);
     uint8_t* const to = values + row * H + lane * 8;
-    uint8_t* const to_scales = scales + row * (H / 128) + lane / 16;
+    uint8_t* const to_scales = scales + protocol::ring_scale_index(row, lane / 16, pitch);
     // Two 128-column blocks a step, a half-warp each (H is a multiple of
     // 256), kSteps steps at once: a step is a chain of dependent latencies
     // (shared load, a 4-deep shuffle reduction, conversions, a store) and
@@ -195,7 +200,7 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
         uint8_t scale;
         const uint2 q = quantize_half_block_with_amax(raw[i], amax[i], scale);
         *reinterpret_cast<uint2*>(to + (b0 + i) * 256) = q;
-        if (lane % 16 == 0) to_scales[2 * (b0 + i)] = scale;
+        if (lane % 16 == 0) to_scales[2 * (b0 + i) * pitch] = scale;
       }
     };
     int64_t b = first;

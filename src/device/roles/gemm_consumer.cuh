@@ -6,6 +6,7 @@
 #include "device/gemm/tile_epilogue_swiglu_quantize.cuh"
 #include "device/roles/consumer_stall.cuh"
 #include "device/roles/gemm_role.cuh"
+#include "protocol/ring_scales.hpp"
 
 namespace mok::device {
 
@@ -104,7 +105,12 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
     tile.row_end = row0 + task.real_rows;
     tile.n0 = col0;
     uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_h);
-    uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_h_scales;
+    // h's scales in the ring go k-block-major (protocol/ring_scales.hpp): the
+    // tile's 128 columns are one block, whose rows are adjacent bytes.
+    const int64_t pitch =
+        protocol::ring_scale_pitch(static_cast<int64_t>(ctx.params.ring_slots) * ctx.params.minibatch_rows);
+    const ScaleColumn scales{ctx.params.fp8[ctx.rank].ring_h_scales, 1,
+                             protocol::ring_scale_index(0, col0 / 128, pitch)};
     if constexpr (Cfg::kSplitN) {
       static_assert(Cfg::kExchangeFloats / 2 * sizeof(float) == sizeof(storage.staging), "a round fills the staging");
       store_swiglu_quantize_tile<Cfg, 2>(acc, storage, reinterpret_cast<float*>(&storage.staging[0][0]), consumer,

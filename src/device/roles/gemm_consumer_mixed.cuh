@@ -17,8 +17,10 @@
 
 namespace mok::device {
 
-// The scales of a FP8 kind's operands in its rank: A's rows are ring rows
-// (x for gate/up, h for down), B the rank's experts' weights.
+// The scales of a FP8 kind's operands in its rank: B's, of the rank's
+// experts' weights. A's rows are ring rows (x for gate/up, h for down), whose
+// scales the producer copies into the stages (gemm_producer.cuh,
+// ring_scale_copy): the consumers read them there, never from the ring.
 template <class Spec, class Ctx>
 __device__ __forceinline__ Fp8Scales fp8_scales_of(const Ctx& ctx) {
   const Fp8RankOperands& q = ctx.params.fp8[ctx.rank];
@@ -26,16 +28,15 @@ __device__ __forceinline__ Fp8Scales fp8_scales_of(const Ctx& ctx) {
   const int32_t k = protocol::dim_of(s, Spec::value.k);
   Fp8Scales f;
   f.k_blocks = k / 128;
+  f.a = nullptr;
   f.m_total = ctx.params.ring_slots * ctx.params.minibatch_rows;
   if constexpr (Spec::value.a == protocol::Tensor::kRingX) {
     static_assert(Spec::value.b == protocol::Tensor::kW13);
-    f.a = q.ring_x_scales;
     f.b = q.w13_scales;
     f.n_blocks = 2 * s.intermediate / 128;
     f.up_rows = s.intermediate;
   } else {
     static_assert(Spec::value.a == protocol::Tensor::kRingH && Spec::value.b == protocol::Tensor::kW2);
-    f.a = q.ring_h_scales;
     f.b = q.w2_scales;
     f.n_blocks = s.hidden / 128;
     f.up_rows = 0;
@@ -92,7 +93,8 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
           tile.row0 = task.row0;
           tile.row_end = task.row0 + task.real_rows;
           tile.n0 = task.n_tile * Cfg::kOutCols;
-          mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall);
+          mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall,
+                                     shared_address(&smem.a_scales));
         } else {
           // acc defined before its wgmma chain starts (their first overwrites
           // it, so the values do not matter): left undefined here, ptxas found

@@ -4,8 +4,24 @@
 #include <cstdint>
 
 #include "device/roles/gemm_role.cuh"
+#include "protocol/ring_scales.hpp"
 
 namespace mok::device {
+
+// An FP8 kind's A scales, copied into each stage's slot with the stage: the
+// tile's rows of its ring's scale array (x's for gate/up, h's for down).
+template <class Spec, class Ctx>
+__device__ __forceinline__ RingScaleStageCopy<kFusedStages, FusedGemmCfg::kBlockM> ring_scale_copy(
+    const Ctx& ctx, FusedGemmShared& smem, int32_t row0) {
+  static_assert(Spec::value.a == protocol::Tensor::kRingX || Spec::value.a == protocol::Tensor::kRingH,
+                "an FP8 kind's A is a ring, whose scales are the rank's (Fp8RankOperands)");
+  static_assert(KindConfig<Spec>::kBlockM == FusedGemmCfg::kBlockM, "a slot holds the tile's rows");
+  const Fp8RankOperands& q = ctx.params.fp8[ctx.rank];
+  const uint8_t* scales = Spec::value.a == protocol::Tensor::kRingX ? q.ring_x_scales : q.ring_h_scales;
+  const int32_t pitch = static_cast<int32_t>(
+      protocol::ring_scale_pitch(static_cast<int64_t>(ctx.params.ring_slots) * ctx.params.minibatch_rows));
+  return {&smem.a_scales, scales + protocol::ring_scale_index(row0, 0, pitch), pitch};
+}
 
 // Producer thread: takes each task the fetcher queued (its inputs ready),
 // posts it to the consumers and streams its operands by TMA. Returns after
@@ -54,7 +70,12 @@ __device__ __forceinline__ void gemm_producer(Ctx& ctx, FusedGemmShared& smem) {
         tile.row_end = task.row0 + (Spec::value.rows == protocol::Rows::kTokens ? protocol::token_tile_of(shape)
                                                                                  : ctx.params.tile_m);
         tile.n0 = task.n_tile * Cfg::kOutCols;
-        load_tile<Cfg>(task_maps, storage, ring, tile, protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK);
+        const int k_blocks = protocol::dim_of(shape, Spec::value.k) / Cfg::kBlockK;
+        if constexpr (Cfg::kElement == ElementType::kE4M3) {
+          load_tile<Cfg>(task_maps, storage, ring, tile, k_blocks, ring_scale_copy<Spec>(ctx, smem, tile.row0));
+        } else {
+          load_tile<Cfg>(task_maps, storage, ring, tile, k_blocks);
+        }
       }
     });
   }

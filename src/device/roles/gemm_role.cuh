@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "device/gemm/fp8_stage_scales.cuh"
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_epilogue_swiglu_backward.cuh"
 #include "device/gemm/tile_config.cuh"
@@ -125,6 +126,10 @@ struct FusedGemmShared {
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
   TraceStamp trace_task_begin, trace_mainloop_end, trace_stores_end;
+  // The FP8 forward's A scales, a slot per stage, filled with the stage
+  // (gemm/fp8_stage_scales.cuh); unused by the bf16 passes. Last, so that
+  // nothing before it moves.
+  StageScaleSlots<kFusedStages, FusedGemmCfg::kBlockM> a_scales;
 };
 
 // The base of a task's output tensor in its rank's view, and its rows.
