@@ -153,7 +153,9 @@ class FusedBackward {
   // CTA recorded more than its share of trace_events.
   std::vector<TraceEvent> trace(CUstream_st* stream = nullptr);
 
-  // Bytes of the workspace (every rank's), for the docs and the benchmarks.
+  // Bytes of every rank's workspace together (for the docs and the
+  // benchmarks), whichever process or GPU holds each (a process world
+  // allocates its own rank's only).
   size_t workspace_bytes() const;
   const FusedForwardOptions& options() const;  // resolved
   BackwardMode mode() const;

@@ -98,6 +98,7 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.staged_x, staged_inputs ? T * H * 2 : 0);
     take(g.staged_dout, staged_inputs ? T * H * 2 : 0);
     take(g.staged_weights, staged_inputs ? T * k * 4 : 0);
+    take(g.staged_expert_offset, staged_inputs ? (to_size(config.experts_per_rank()) + 1) * 4 : 0);
     take(g.maps, to_size(recompute ? protocol::num_backward_maps<BackwardRecomputePass>()
                                    : protocol::num_backward_maps<BackwardPass>()) *
                      kernel.tensor_map_bytes);
@@ -118,7 +119,7 @@ std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
           {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
           {"shared_dx", g.shared_dx},   {"counters[0]", g.counters[0]}, {"counters[1]", g.counters[1]},
           {"barrier", g.barrier},       {"staged_x", g.staged_x},       {"staged_dout", g.staged_dout},
-          {"staged_weights", g.staged_weights},
+          {"staged_weights", g.staged_weights}, {"staged_expert_offset", g.staged_expert_offset},
           {"maps", g.maps},             {"kept_preact", g.kept_preact}, {"kept_shared_preact", g.kept_shared_preact}};
 }
 

@@ -53,6 +53,10 @@ struct BackwardRankLayout {
   Region staged_x;        // bf16 [T, H]
   Region staged_dout;     // bf16 [T, H]
   Region staged_weights;  // fp32 [T, k]
+  // The end of its schedule's expert offsets (the pass state's
+  // expert_offset, [El + 1]): the combine of every rank reads an owner's
+  // padded row count there.
+  Region staged_expert_offset;  // int32 [El + 1]
   Region maps;           // CUtensorMap [protocol::num_backward_maps]
   // Recompute mode only (empty in save mode): where its recompute kinds keep
   // [gate | up], which its g tasks then read.

@@ -199,6 +199,8 @@ void fill_view(const State& s, Params& p, int r) {
     v.x = reinterpret_cast<const uint16_t*>(base + g.staged_x.offset);
     v.dout = reinterpret_cast<const uint16_t*>(base + g.staged_dout.offset);
     v.weights = reinterpret_cast<const float*>(base + g.staged_weights.offset);
+    // Every rank's combine reads this rank's padded row count here.
+    v.expert_offset = reinterpret_cast<int32_t*>(base + g.staged_expert_offset.offset);
   }
 }
 
@@ -364,7 +366,7 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
   const int served = static_cast<int>(ranks.size());
   if (streams.size() != s.core.launches.size()) {
     throw Error("FusedBackward::run: got " + std::to_string(streams.size()) + " streams; this " +
-                (s.core.kind == world::WorldKind::kPeer ? "peer world needs one per rank (" : "virtual world needs one (") +
+                (s.core.kind == world::WorldKind::kPeer ? "peer world needs one per rank (" : "world needs one (") +
                 std::to_string(s.core.launches.size()) + ")");
   }
   const bool accumulate = weight_grads == WeightGradOutput::kAccumulateFp32;
@@ -508,9 +510,11 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
           auto& v = p.ranks[r];
           auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
           v.expert_rows = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_rows.offset);
-          v.expert_offset = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_offset.offset);
           v.rows = reinterpret_cast<RowSource*>(state + s_.pass_state.rows.offset);
-          if (!s_.world->stages_inputs()) {  // else the staged copies (fill_view), where peers read them
+          // A process world's rank reads the staged copies (fill_view), as its
+          // peers do: the same bytes, and its own tests then cover them.
+          if (!s_.world->stages_inputs()) {
+            v.expert_offset = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_offset.offset);
             v.x = static_cast<const uint16_t*>(t.x);
             v.dout = static_cast<const uint16_t*>(t.dout);
             v.weights = t.weights;
@@ -530,17 +534,22 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
     }
 
     // The process world: peers read this rank's x, dout and routing weights
-    // in its workspace. Safe to overwrite once the previous pass's kernel has
-    // ended (the pass waited for it): it ended only after every rank
-    // finished that pass (the end barrier).
+    // (the pull dispatch) and the end of its schedule's expert offsets (the
+    // combine) in its workspace: a caller's tensors are not IPC-visible. Safe
+    // to overwrite once the previous pass's kernel has ended (the pass waited
+    // for it): it ended only after every rank finished that pass (the end
+    // barrier).
     void stage_inputs(cudaStream_t stream) {
       const int me = s_.core.process_rank;
       const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(me)];
       const BackwardRankTensors& mine = ranks_[0];
       uint8_t* base = s_.core.rank_base[static_cast<size_t>(me)];
       world::DeviceScope on(s_.core.rank_device[static_cast<size_t>(me)]);
-      const std::pair<const void*, world::Region> copies[] = {
-          {mine.x, g.staged_x}, {mine.dout, g.staged_dout}, {mine.weights, g.staged_weights}};
+      const void* expert_offset = static_cast<const uint8_t*>(mine.pass_state) + s_.pass_state.expert_offset.offset;
+      const std::pair<const void*, world::Region> copies[] = {{mine.x, g.staged_x},
+                                                              {mine.dout, g.staged_dout},
+                                                              {mine.weights, g.staged_weights},
+                                                              {expert_offset, g.staged_expert_offset}};
       for (const auto& [from, to] : copies) {
         if (to.bytes > 0) {
           MOK_CUDA_CHECK(cudaMemcpyAsync(base + to.offset, from, to.bytes, cudaMemcpyDeviceToDevice, stream));
@@ -593,6 +602,12 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
   };
   const std::vector<cudaStream_t> cuda_streams(streams.begin(), streams.end());
   const bool capturing = world::any_capturing(s.core, cuda_streams);
+  if (capturing) {
+    // Each pass uploads its tensor maps from host memory that lives only
+    // through this call: a graph replaying the copy would read freed memory.
+    throw Error("FusedBackward::run: a backward pass cannot be captured in a CUDA graph (its tensor maps are "
+                "built on the host and uploaded by each pass); run it outside the capture");
+  }
   world::require_orderable(s.core, capturing, "FusedBackward::run");
   bool numbered = false;  // device-ordered: this pass took a number
   bool launched = false;  // some launch of this pass is enqueued

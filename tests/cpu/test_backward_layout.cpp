@@ -163,6 +163,41 @@ TEST(BackwardLayout, RecomputeModeAddsTheKeptPreactivationsAndItsTablesCounters)
   EXPECT_GT(re.bytes, save.bytes);
 }
 
+// A process world's rank stages what its peers read (its x, dout, routing
+// weights and the end of its schedule's expert offsets); the other worlds
+// read the caller's tensors and stage nothing. Its handles carry a
+// fingerprint of their own: neither a forward's nor another mode's.
+TEST(BackwardLayout, AProcessWorldStagesWhatItsPeersRead) {
+  const auto config = mok::make_config(mok::find_shape("small"), std::vector<int>{100, 37});
+  const KernelFacts kernel = hopper_kernel();
+  const auto o = mok::world::backward_options(config, {}, resolved(256, 66, 3), kernel);
+  const auto plain = mok::world::backward_layout(config, o, kernel, mok::BackwardMode::kSave);
+  const auto staged = mok::world::backward_layout(config, o, kernel, mok::BackwardMode::kSave, true);
+  const size_t H = static_cast<size_t>(config.hidden), k = static_cast<size_t>(config.top_k);
+  for (size_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const size_t T = static_cast<size_t>(config.tokens_per_rank[r]);
+    const auto& g = staged.ranks[r];
+    EXPECT_EQ(g.staged_x.bytes, T * H * 2);
+    EXPECT_EQ(g.staged_dout.bytes, T * H * 2);
+    EXPECT_EQ(g.staged_weights.bytes, T * k * 4);
+    EXPECT_EQ(g.staged_expert_offset.bytes, (static_cast<size_t>(config.experts_per_rank()) + 1) * 4);
+    for (const auto* region : {&plain.ranks[r].staged_x, &plain.ranks[r].staged_dout, &plain.ranks[r].staged_weights,
+                               &plain.ranks[r].staged_expert_offset}) {
+      EXPECT_EQ(region->bytes, 0u);
+    }
+    size_t end = 0;
+    for (const auto& region : mok::world::regions(g)) {
+      EXPECT_GE(region.region.offset, end) << region.name;
+      end = region.region.offset + region.region.bytes;
+    }
+    EXPECT_LE(end, g.bytes);
+  }
+  const uint64_t save = mok::world::backward_fingerprint(config, o, kernel, mok::BackwardMode::kSave);
+  EXPECT_NE(save, mok::world::backward_fingerprint(config, o, kernel, mok::BackwardMode::kRecompute));
+  EXPECT_NE(save, mok::world::layout_fingerprint(config, o, kernel));
+}
+
 TEST(BackwardLayout, RefusesASchedulePastTheBuffersBound) {
   // 2^30 buffer rows at most: a world whose schedule capacity passes it.
   auto config = mok::make_config(mok::find_shape("tiny"), std::vector<int>{1 << 24, 1 << 24});
