@@ -92,18 +92,26 @@ class FusedMoEWorld:
         self.tuning = tuning
         tuning_values = tuning_list(tuning)
         self._id = 0
+        # MOK_BACKWARD=fused (read here: the backward's object and its handles
+        # are made with the world's): the fused backward kernel over the
+        # process world, in recompute mode; else the expert-parallel staged
+        # backward. Every rank must see the same setting.
+        from .autograd import backward_path
+        self.fused_backward = backward_path(self.device) == "fused"
 
         def create():
             self._id = torch.ops.mok.process_world_create(
                 self.rank, self.tokens_per_rank, hidden, intermediate, num_experts, top_k,
                 shared_intermediate, tuning_values, float(timeout_seconds),
-                float(barrier_timeout_seconds), self.device.index)
+                float(barrier_timeout_seconds), self.device.index, self.fused_backward)
         error = _error_of(create)
         # Every step below is collective: a rank that failed tells the others,
         # so that every rank raises instead of some waiting forever.
         self._agree(error)
         if self.world_size > 1:  # a world of one needs no IPC at all
-            self._exchange_handles()
+            self._exchange_handles(backward=False)
+            if self.fused_backward:
+                self._exchange_handles(backward=True)
 
     def _agree(self, error) -> None:
         """Collective: raises on every rank if `error` (a message or None) is set on any."""
@@ -120,9 +128,10 @@ class FusedMoEWorld:
                 self._id = 0
             raise RuntimeError(error if error is not None else "mok: another rank of the process world failed")
 
-    def _exchange_handles(self) -> None:
+    def _exchange_handles(self, backward: bool) -> None:
+        """Collective: every rank's workspace handle (the forward's, or the fused backward's) to every rank."""
         exported = []
-        self._agree(_error_of(lambda: exported.append(torch.ops.mok.process_world_export(self._id))))
+        self._agree(_error_of(lambda: exported.append(torch.ops.mok.process_world_export(self._id, backward))))
         mine = exported[0]
         local = mine.to(self.device) if self._on_gpu else mine
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
@@ -130,7 +139,7 @@ class FusedMoEWorld:
         handles = torch.stack([h.cpu() for h in gathered])
         # Nobody may launch a pass before every rank has mapped its peers (a
         # pass writes into every peer's memory): the agreement is the barrier.
-        self._agree(_error_of(lambda: torch.ops.mok.process_world_import(self._id, handles)))
+        self._agree(_error_of(lambda: torch.ops.mok.process_world_import(self._id, handles, backward)))
 
     def forward(self, x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=None, *,
                 check_errors: bool = False):
@@ -146,7 +155,10 @@ class FusedMoEWorld:
         Backward: the expert-parallel staged backward (mok/ep_backward.py:
         rows to their experts' owners and back with all_to_all over the
         group; the same bits as the virtual world's backward for dx, d weights
-        and each rank's dW13 / dW2). It is collective: every rank must run its
+        and each rank's dW13 / dW2), or with MOK_BACKWARD=fused when the
+        world was made, the fused backward kernel over the process world
+        (recompute mode: this pass keeps only its schedule, a small uint8
+        tensor; the same bits). It is collective: every rank must run its
         backward, in the same order relative to other collectives, with the
         same inputs requiring grad. The shared expert's weight gradients are
         this rank's part (a data-parallel reduction sums them).
@@ -173,12 +185,22 @@ class FusedMoEWorld:
 
 
 class _ProcessWorldLayer(torch.autograd.Function):
-    """The process world's pass with the expert-parallel staged backward."""
+    """The process world's pass, with the expert-parallel staged backward or the fused backward kernel."""
 
     @staticmethod
     def forward(ctx, world, check_errors, x, expert_ids, weights, w13, w2, shared_w13, shared_w2):
         ctx.group = world.group
-        ctx.save_for_backward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2)
+        ctx.world_id = world._id if world.fused_backward else 0
+        ctx.check_errors = check_errors
+        # The fused backward reads this pass's schedule: the forward keeps it.
+        pass_state = None
+        if ctx.world_id != 0:
+            pass_state = torch.empty(torch.ops.mok.process_world_pass_state_bytes(world._id), dtype=torch.uint8,
+                                     device=x.device)
+        ctx.save_for_backward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, pass_state)
+        if pass_state is not None:
+            return torch.ops.mok.process_world_run_keeping_schedule(world._id, x, expert_ids, weights, w13, w2,
+                                                                    shared_w13, shared_w2, pass_state, check_errors)
         return torch.ops.mok.process_world_run(world._id, x, expert_ids, weights, w13, w2, shared_w13, shared_w2,
                                                check_errors)
 
@@ -186,8 +208,17 @@ class _ProcessWorldLayer(torch.autograd.Function):
     def backward(ctx, dout):
         from .ep_backward import layer_backward_ep
         from .staged_backward import Needs
-        x, expert_ids, weights, w13, w2, shared_w13, shared_w2 = ctx.saved_tensors
+        x, expert_ids, weights, w13, w2, shared_w13, shared_w2, pass_state = ctx.saved_tensors
         need = ctx.needs_input_grad
+        if ctx.world_id != 0:
+            dx, dweights, dw13, dw2, dshared_w13, dshared_w2 = torch.ops.mok.process_world_backward(
+                ctx.world_id, dout.contiguous(), x, expert_ids, weights, w13, w2, shared_w13, shared_w2, pass_state,
+                ctx.check_errors)
+
+            def wanted(grad, i, ref):
+                return grad.to(ref.dtype) if need[i] and ref is not None else None
+            return (None, None, wanted(dx, 2, x), None, wanted(dweights, 4, weights), wanted(dw13, 5, w13),
+                    wanted(dw2, 6, w2), wanted(dshared_w13, 7, shared_w13), wanted(dshared_w2, 8, shared_w2))
         needs = Needs(x=need[2], weights=need[4], w13=need[5], w2=need[6], shared_w13=need[7], shared_w2=need[8])
         grad_dtype = torch.bfloat16 if w13.dtype == torch.bfloat16 else None
         g = layer_backward_ep(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, group=ctx.group,

@@ -6,8 +6,9 @@ bitwise equal, over several passes with inputs changing between them.
     IPC is involved);
 (b) worlds of 2 (and 4 or 8 where that many GPUs exist) processes, spawned
     with torch.multiprocessing, NCCL; skipped with fewer than 2 GPUs.
-Both also run the expert-parallel backward and compare each rank's gradients
-with the virtual world's.
+Both also run the backward -- the expert-parallel staged one, and with
+MOK_BACKWARD=fused the fused backward kernel over the process world -- and
+compare each rank's gradients with the virtual world's.
 """
 
 import os
@@ -84,8 +85,45 @@ def test_world_of_one_process_matches_the_virtual_world_bitwise():
         dist.destroy_process_group()
 
 
-def _child(rank, world, store_path, result_dir):
+def test_world_of_one_process_with_the_fused_backward_gives_the_staged_bits(monkeypatch):
+    """MOK_BACKWARD=fused when the world is made: the fused backward kernel
+    over the process world (recompute mode, the pass keeping its schedule)
+    gives the staged backward's gradients bit for bit, pass after pass."""
+    store_dir = tempfile.mkdtemp()
+    store = dist.FileStore(os.path.join(store_dir, "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        layer = _global_layer(5, "cuda")
+        dout = torch.randn(GLOBAL_TOKENS, H, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+        dout = dout.bfloat16()
+
+        def grads(world):
+            x, ids, w, w13, w2, sw13, sw2 = (t.clone().requires_grad_(t.is_floating_point()) for t in layer)
+            out = world(x, ids, w, w13, w2, sw13, sw2, check_errors=True)
+            return torch.autograd.grad(out, [x, w, w13, w2, sw13, sw2], dout)
+
+        monkeypatch.setenv("MOK_BACKWARD", "staged")
+        staged_world = FusedMoEWorld(dist.group.WORLD, [GLOBAL_TOKENS], H, I, E, K, S,
+                                     minibatch_rows=256, ring_slots=2)
+        assert not staged_world.fused_backward
+        want = grads(staged_world)
+        staged_world.close()
+
+        monkeypatch.setenv("MOK_BACKWARD", "fused")
+        world = FusedMoEWorld(dist.group.WORLD, [GLOBAL_TOKENS], H, I, E, K, S, minibatch_rows=256, ring_slots=2)
+        assert world.fused_backward
+        for p in range(3):
+            got = grads(world)
+            for name, a, b in zip(("x", "weights", "w13", "w2", "shared_w13", "shared_w2"), got, want):
+                assert a.dtype == b.dtype and torch.equal(a, b), "pass %d: %s" % (p, name)
+        world.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _child(rank, world, store_path, result_dir, backward):
     apply_no_multicast_env()
+    os.environ["MOK_BACKWARD"] = backward  # both worlds' backward: "staged" or "fused"
     torch.cuda.set_device(rank)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
@@ -108,7 +146,8 @@ def _child(rank, world, store_path, result_dir):
                 assert _same_bits(torch.cat(gathered), expected[p % 2]), "pass %d" % p
         # A last pass with the error check on every rank.
         fused(*rank_slice(layers[0], rank, world), check_errors=True)
-        # Backward (expert-parallel, all_to_all over NCCL): each rank's
+        # Backward (staged: expert-parallel, all_to_all over NCCL; fused: the
+        # fused backward kernel over the process world): each rank's
         # gradients are its slice of the virtual world's, bit for bit (the
         # shared expert's weight gradients are per-rank parts: not compared).
         layer = layers[1]
@@ -135,14 +174,15 @@ def _child(rank, world, store_path, result_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("backward", ["staged", "fused"])
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_world_of_processes_matches_the_virtual_world_bitwise(world):
+def test_world_of_processes_matches_the_virtual_world_bitwise(world, backward):
     gpus = torch.cuda.device_count()
     if gpus < 2:
         pytest.skip("needs 2 or more GPUs (found %d)" % gpus)
     if world > gpus:
         pytest.skip("needs %d GPUs (found %d)" % (world, gpus))
     work = tempfile.mkdtemp()
-    mp.spawn(_child, args=(world, os.path.join(work, "store"), work), nprocs=world, join=True)
+    mp.spawn(_child, args=(world, os.path.join(work, "store"), work, backward), nprocs=world, join=True)
     for rank in range(world):
         assert os.path.exists(os.path.join(work, "rank%d.ok" % rank)), "rank %d did not finish" % rank
