@@ -17,6 +17,7 @@
 #include "device/quant/e4m3.cuh"
 #include "device/roles/role_context.cuh"
 #include "device/trace/trace_record.cuh"
+#include "protocol/pass_forward_fp8.hpp"
 #include "protocol/ring_scales.hpp"
 
 namespace mok::device {
@@ -25,9 +26,21 @@ inline constexpr int kCopyWarps = 4;
 inline constexpr int kSlotsPerWarp = 3;
 inline constexpr uint32_t kCopySlotBytes = 16384;  // one row of up to H = 8192 bf16
 
+// FP8 forward: the ue8m0 scales of one m-tile's rows, [128-column block][row
+// of the tile], gathered here while the rows are quantized and stored to the
+// ring's k-block-major scale array afterwards, a block's bytes for the whole
+// tile at once (protocol/ring_scales.hpp). Stored a byte at a time from each
+// row, they landed a pitch apart, one partial sector each.
+inline constexpr int kMaxScaleBlocks = kCopySlotBytes / 2 / 128;  // H <= 8192
+inline constexpr int kMaxDispatchTileRows = 128;
+static_assert(protocol::kinds_block_m<protocol::ForwardFp8Pass>(protocol::Rows::kSchedule) <= kMaxDispatchTileRows &&
+                  protocol::kinds_block_m<protocol::ForwardFp8Pass>(protocol::Rows::kSchedule) % 16 == 0,
+              "an FP8 m-tile's gathered scales fit tile_scales, in whole 16-byte chunks");
+
 struct DispatchShared {
   alignas(128) uint8_t slots[kCopyWarps][kSlotsPerWarp][kCopySlotBytes];
   uint64_t full[kCopyWarps][kSlotsPerWarp];
+  alignas(16) uint8_t tile_scales[kMaxScaleBlocks][kMaxDispatchTileRows];
 };
 
 // Lane 0 of a copy warp: copies this warp's share of an m-tile's real rows
@@ -137,9 +150,6 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
   const uint32_t row_bytes = static_cast<uint32_t>(H) * 2u;
   const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
   uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_x);
-  uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_x_scales;
-  const int64_t pitch =
-      protocol::ring_scale_pitch(static_cast<int64_t>(ctx.params.ring_slots) * ctx.params.minibatch_rows);
   const RowSource* tile_rows = v.rows + static_cast<int64_t>(m_tile) * g.tile_m;
   const int32_t tile_m = g.tile_m;
   auto next_real_row = [&](int32_t start) {
@@ -173,7 +183,8 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
     const int64_t row = ring_row0 + pending_row[slot];
     const uint32_t base = shared_address(smem.slots[copy_warp][slot]);
     uint8_t* const to = values + row * H + lane * 8;
-    uint8_t* const to_scales = scales + protocol::ring_scale_index(row, lane / 16, pitch);
+    // This row's column of the tile's gathered scales, at its half-warp's block.
+    uint8_t* const to_scales = &smem.tile_scales[lane / 16][pending_row[slot]];
     // Two 128-column blocks a step, a half-warp each (H is a multiple of
     // 256), kSteps steps at once: a step is a chain of dependent latencies
     // (shared load, a 4-deep shuffle reduction, conversions, a store) and
@@ -200,7 +211,7 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
         uint8_t scale;
         const uint2 q = quantize_half_block_with_amax(raw[i], amax[i], scale);
         *reinterpret_cast<uint2*>(to + (b0 + i) * 256) = q;
-        if (lane % 16 == 0) to_scales[2 * (b0 + i) * pitch] = scale;
+        if (lane % 16 == 0) to_scales[2 * (b0 + i) * kMaxDispatchTileRows] = scale;
       }
     };
     int64_t b = first;
@@ -214,6 +225,28 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
       issue(cursor);
       cursor = next_real_row(cursor + kCopyWarps);
     }
+  }
+}
+
+// FP8 forward, every thread of the dispatch's `threads`, after every row of
+// m-tile `m_tile` was quantized (copy_x_rows_fp8): the tile's gathered
+// scales to the ring's scale array, each 128-column block's bytes for the
+// tile's rows in 16-byte stores (the tile's first ring row is a multiple of
+// its rows, and the pitch of 16). Padding rows' bytes are stale, as their
+// values are: they reach only padding rows.
+template <class Ctx, class Geometry>
+__device__ __forceinline__ void store_tile_scales(Ctx& ctx, const DispatchShared& smem, const Geometry& g,
+                                                  int32_t m_tile, int thread, int threads) {
+  uint8_t* const scales = ctx.params.fp8[ctx.rank].ring_x_scales;
+  const int64_t pitch =
+      protocol::ring_scale_pitch(static_cast<int64_t>(ctx.params.ring_slots) * ctx.params.minibatch_rows);
+  const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
+  const int chunks_per_block = g.tile_m / 16;
+  const int chunks = static_cast<int>(ctx.params.hidden / 128) * chunks_per_block;
+  for (int c = thread; c < chunks; c += threads) {
+    const int block = c / chunks_per_block, chunk = c % chunks_per_block;
+    const uint4 bytes = ld_shared_v4(shared_address(&smem.tile_scales[block][chunk * 16]));
+    st_global_v4(scales + protocol::ring_scale_index(ring_row0 + chunk * 16, block, pitch), bytes);
   }
 }
 
@@ -275,7 +308,10 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
     if (shared_flag < 0) return false;
     if constexpr (fp8_rings<Pass>()) {
       copy_x_rows_fp8(ctx, smem, warp % kCopyWarps, warp / kCopyWarps, phases, g, m_tile);
-      // Every lane stored (generic proxy); the gate/up tasks read by TMA.
+      // Every row's scales are gathered: out with whole 16-byte stores.
+      named_barrier_sync(kBarrierDispatch, kWarps * 32);
+      store_tile_scales(ctx, smem, g, m_tile, static_cast<int>(threadIdx.x), kWarps * 32);
+      // Every lane stored (generic proxy); the gate/up tasks read by TMA and bulk copies.
       fence_proxy_async_global();
     } else {
       if (lane == 0) copy_x_rows(ctx, smem, warp, phases, g, m_tile);
