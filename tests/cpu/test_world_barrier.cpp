@@ -329,6 +329,22 @@ TEST(WorldBarrier, ARankThatNeverStartsAPassEndsInABarrierReportNotAHang) {
   }
 }
 
+// What the checks report on a model with a planted bug (which they must catch).
+std::vector<std::string> errors_with(const BarrierModelOptions& o) {
+  BarrierModel model(o);
+  model.run();
+  return model.errors();
+}
+
+// Two ranks, four passes, short delays: a set serves twice.
+BarrierModelOptions two_ranks_four_passes() {
+  BarrierModelOptions o;
+  o.world = 2;
+  o.passes = 4;
+  o.max_delay_us = 20;
+  return o;
+}
+
 TEST(WorldBarrier, TheChecksCatchAWorkerThatSkipsTheStartBarrier) {
   BarrierModelOptions o;
   o.world = 3;
@@ -336,32 +352,20 @@ TEST(WorldBarrier, TheChecksCatchAWorkerThatSkipsTheStartBarrier) {
   o.slow_host_rank = 2;  // its inputs are staged late: early readers see another pass's
   o.skip_start_wait = true;
   o.protocol_timeout = milliseconds(2000);
-  BarrierModel model(o);
-  model.run();
-  EXPECT_FALSE(model.errors().empty());
+  EXPECT_FALSE(errors_with(o).empty());
 }
 
 TEST(WorldBarrier, TheChecksCatchAnIdleCounterSetThatIsNotZeroed) {
-  BarrierModelOptions o;
-  o.world = 2;
-  o.passes = 4;
-  o.max_delay_us = 20;
+  BarrierModelOptions o = two_ranks_four_passes();
   o.skip_zeroing = true;
   o.protocol_timeout = milliseconds(300);
-  BarrierModel model(o);
-  model.run();
-  EXPECT_FALSE(model.errors().empty());
+  EXPECT_FALSE(errors_with(o).empty());
 }
 
 TEST(WorldBarrier, TheChecksCatchACursorPastTheCountersThatIsNotZeroed) {
-  BarrierModelOptions o;
-  o.world = 2;
-  o.passes = 4;
-  o.max_delay_us = 20;
+  BarrierModelOptions o = two_ranks_four_passes();
   o.skip_tail = true;
-  BarrierModel model(o);
-  model.run();
-  const std::vector<std::string> errors = model.errors();
+  const std::vector<std::string> errors = errors_with(o);
   ASSERT_FALSE(errors.empty());
   // Caught where it bites: a set's next pass finds its cursor past the tokens.
   EXPECT_NE(errors.front().find("combined 0 times"), std::string::npos) << errors.front();
