@@ -369,6 +369,15 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
                 (s.core.kind == world::WorldKind::kPeer ? "peer world needs one per rank (" : "world needs one (") +
                 std::to_string(s.core.launches.size()) + ")");
   }
+  // Refused before anything of this pass is touched.
+  const std::vector<cudaStream_t> cuda_streams(streams.begin(), streams.end());
+  if (world::any_capturing(s.core, cuda_streams)) {
+    // Each pass uploads its tensor maps from host memory that lives only
+    // through this call: a graph replaying the copy would read freed memory.
+    throw Error("FusedBackward::run: a backward pass cannot be captured in a CUDA graph (its tensor maps are "
+                "built on the host and uploaded by each pass); run it outside the capture");
+  }
+  world::require_orderable(s.core, /*capturing=*/false, "FusedBackward::run");
   const bool accumulate = weight_grads == WeightGradOutput::kAccumulateFp32;
   const bool bf16_grads = weight_grads == WeightGradOutput::kBf16;
   if (!accumulate && !bf16_grads && weight_grads != WeightGradOutput::kFp32) {
@@ -600,20 +609,11 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
     bool& numbered_;
     bool& launched_;
   };
-  const std::vector<cudaStream_t> cuda_streams(streams.begin(), streams.end());
-  const bool capturing = world::any_capturing(s.core, cuda_streams);
-  if (capturing) {
-    // Each pass uploads its tensor maps from host memory that lives only
-    // through this call: a graph replaying the copy would read freed memory.
-    throw Error("FusedBackward::run: a backward pass cannot be captured in a CUDA graph (its tensor maps are "
-                "built on the host and uploaded by each pass); run it outside the capture");
-  }
-  world::require_orderable(s.core, capturing, "FusedBackward::run");
   bool numbered = false;  // device-ordered: this pass took a number
   bool launched = false;  // some launch of this pass is enqueued
   try {
     BackwardSteps steps(s, ranks, maps, map_count, accumulate, bf16_grads, numbered, launched);
-    world::enqueue_pass(s.core, *s.world, steps, cuda_streams, capturing);
+    world::enqueue_pass(s.core, *s.world, steps, cuda_streams, /*capturing=*/false);
   } catch (...) {
     world::give_back_number(s.core, numbered, launched);
     throw;

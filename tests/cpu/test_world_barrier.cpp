@@ -12,6 +12,12 @@
 // is still there when each host looks, the next passes are clean, and a rank
 // that never starts a pass ends in a barrier report, not a hang. Two planted
 // bugs (no start barrier, no zeroing) must be caught.
+//
+// Each counter set also holds a word past the counters, as the backward's
+// sets hold its combine's cursor (FusedBackwardParams::kCounterSetTailWords):
+// the home rank's workers take its tokens from it, and every token must be
+// combined exactly once per pass. A third planted bug -- the end barrier
+// clearing the counters but not that word -- must be caught too.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -34,6 +40,7 @@ using std::chrono::milliseconds;
 
 constexpr int kTokens = 6;  // staged inputs per rank
 constexpr int kTasks = 10;  // tickets per rank per pass
+constexpr size_t kTailWords = 1;  // past each set's counters: the combine's cursor
 constexpr int64_t kEmpty = -1;
 
 int64_t tag(uint32_t epoch, int rank, int item) {
@@ -52,6 +59,7 @@ struct BarrierModelOptions {
   int slow_host_rank = -1;  // this host sleeps 20 ms before staging each pass
   bool skip_start_wait = false;  // planted bug: workers do not wait for the start barrier
   bool skip_zeroing = false;     // planted bug: the idle counter set is not zeroed
+  bool skip_tail = false;        // planted bug: its counters are zeroed, the cursor past them is not
   milliseconds protocol_timeout{10000};
   milliseconds barrier_timeout{10000};
 };
@@ -62,6 +70,7 @@ struct RankState {
   std::unique_ptr<std::atomic<int64_t>[]> staged;   // [kTokens], read by every peer
   std::unique_ptr<std::atomic<int64_t>[]> combine;  // [world * kTasks], written by owners
   std::unique_ptr<std::atomic<int>[]> claims;       // [kTasks] this pass (host bookkeeping)
+  std::unique_ptr<std::atomic<int>[]> combined;     // [kTokens] this pass (host bookkeeping)
 };
 
 class BarrierModel {
@@ -74,11 +83,13 @@ class BarrierModel {
     geometry_.ring_slots = 2;
     geometry_.token_m_tiles = 2;
     for (RankState& r : ranks_) {
-      r.sets[0].assign(counter_words(geometry_), 0u);
-      r.sets[1].assign(counter_words(geometry_), 0u);
+      r.sets[0].assign(counter_words(geometry_) + kTailWords, 0u);
+      r.sets[1].assign(counter_words(geometry_) + kTailWords, 0u);
       r.staged = std::make_unique<std::atomic<int64_t>[]>(kTokens);
       r.combine = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(o.world) * kTasks);
       r.claims = std::make_unique<std::atomic<int>[]>(kTasks);
+      r.combined = std::make_unique<std::atomic<int>[]>(kTokens);
+      for (int i = 0; i < kTokens; ++i) r.combined[i] = 0;
       for (int i = 0; i < kTokens; ++i) r.staged[i] = kEmpty;
       for (int i = 0; i < o.world * kTasks; ++i) r.combine[i] = kEmpty;
       for (int i = 0; i < kTasks; ++i) r.claims[i] = 0;
@@ -144,7 +155,16 @@ class BarrierModel {
           }
         }
       }
+      if (!host_saw_abort_[r][e]) {
+        for (int t = 0; t < kTokens; ++t) {
+          if (ranks_[r].combined[t] != 1) {
+            fail("rank " + std::to_string(r) + " pass " + std::to_string(e) + ": token " + std::to_string(t) +
+                 " combined " + std::to_string(ranks_[r].combined[t].load()) + " times");
+          }
+        }
+      }
       for (int t = 0; t < kTasks; ++t) ranks_[r].claims[t] = 0;
+      for (int t = 0; t < kTokens; ++t) ranks_[r].combined[t] = 0;
       delay(rng);
     }
   }
@@ -193,7 +213,17 @@ class BarrierModel {
       delay(rng);
       HostSync::add_release(c.counter[ForwardPass::kDownDone], 1u);  // the down task's signal
     }
-    // The combine (worker 0 of the home rank): every owner done, then its pieces.
+    // The combine: every worker of the home rank takes tokens from the
+    // cursor past its set's counters (the backward's combine_next).
+    uint32_t* const cursor = me.sets[counter_set_of(e)].data() + counter_words(geometry_);
+    for (;;) {
+      if (HostSync::load_relaxed(c.abort) != 0) return;
+      const uint32_t token = HostSync::fetch_add_acq_rel(cursor, 1u);
+      if (token >= static_cast<uint32_t>(kTokens)) break;
+      me.combined[token].fetch_add(1);
+      delay(rng);
+    }
+    // Worker 0 of the home rank: every owner done, then its pieces.
     if (w != 0) return;
     for (int q = 0; q < o_.world; ++q) {
       const ForwardCounters owner = counters(q, e);
@@ -219,7 +249,9 @@ class BarrierModel {
     if (!finish_world_pass(barrier_sync_, [this](int32_t q) { return words(q); }, me.barrier, o_.world, r, e)) return;
     if (o_.skip_zeroing) return;
     std::vector<uint32_t>& idle = me.sets[1 - counter_set_of(e)];
-    clear_counter_set(barrier_sync_, idle.data(), idle.size(), 0u, 1u);
+    // The counters and the words past them, as world_finish clears them.
+    const size_t words = o_.skip_tail ? counter_words(geometry_) : idle.size();
+    clear_counter_set(barrier_sync_, idle.data(), words, 0u, 1u);
   }
 
   BarrierModelOptions o_;
@@ -297,6 +329,22 @@ TEST(WorldBarrier, ARankThatNeverStartsAPassEndsInABarrierReportNotAHang) {
   }
 }
 
+// What the checks report on a model with a planted bug (which they must catch).
+std::vector<std::string> errors_with(const BarrierModelOptions& o) {
+  BarrierModel model(o);
+  model.run();
+  return model.errors();
+}
+
+// Two ranks, four passes, short delays: a set serves twice.
+BarrierModelOptions two_ranks_four_passes() {
+  BarrierModelOptions o;
+  o.world = 2;
+  o.passes = 4;
+  o.max_delay_us = 20;
+  return o;
+}
+
 TEST(WorldBarrier, TheChecksCatchAWorkerThatSkipsTheStartBarrier) {
   BarrierModelOptions o;
   o.world = 3;
@@ -304,21 +352,23 @@ TEST(WorldBarrier, TheChecksCatchAWorkerThatSkipsTheStartBarrier) {
   o.slow_host_rank = 2;  // its inputs are staged late: early readers see another pass's
   o.skip_start_wait = true;
   o.protocol_timeout = milliseconds(2000);
-  BarrierModel model(o);
-  model.run();
-  EXPECT_FALSE(model.errors().empty());
+  EXPECT_FALSE(errors_with(o).empty());
 }
 
 TEST(WorldBarrier, TheChecksCatchAnIdleCounterSetThatIsNotZeroed) {
-  BarrierModelOptions o;
-  o.world = 2;
-  o.passes = 4;
-  o.max_delay_us = 20;
+  BarrierModelOptions o = two_ranks_four_passes();
   o.skip_zeroing = true;
   o.protocol_timeout = milliseconds(300);
-  BarrierModel model(o);
-  model.run();
-  EXPECT_FALSE(model.errors().empty());
+  EXPECT_FALSE(errors_with(o).empty());
+}
+
+TEST(WorldBarrier, TheChecksCatchACursorPastTheCountersThatIsNotZeroed) {
+  BarrierModelOptions o = two_ranks_four_passes();
+  o.skip_tail = true;
+  const std::vector<std::string> errors = errors_with(o);
+  ASSERT_FALSE(errors.empty());
+  // Caught where it bites: a set's next pass finds its cursor past the tokens.
+  EXPECT_NE(errors.front().find("combined 0 times"), std::string::npos) << errors.front();
 }
 
 }  // namespace
