@@ -15,7 +15,12 @@ with MOK_BACKWARD=fused and --save the fused backward kernel
 (include/mok/fused_backward.hpp); a per-kernel breakdown of one mok backward
 (torch.profiler) is printed too.
 
-usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save] [--backward staged|fused]
+--breakdown also times each side's forward alone (recording for autograd, as
+in the forward+backward step) and profiles one mok forward+backward step: the
+GPU's busy time against the step's wall time says how much of the step the
+host's launches leave the GPU idle.
+
+usage: python3 bench/bench_backward.py [--quick] [--no-profile] [--save] [--backward staged|fused] [--breakdown]
 """
 from __future__ import annotations
 
@@ -65,12 +70,31 @@ def profile_backward(out, inputs, dout, top=12):
         print(f"    {e.device_time_total / 1e3:8.3f} ms {100 * e.device_time_total / total:5.1f}%  x{e.count:<3} {e.key[:90]}")
 
 
+def profile_step(step):
+    """GPU busy time (the sum of the kernels' times; one stream, so they do
+    not overlap) against the wall time of one forward+backward step."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+    busy = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / 1e3
+    kernels = sum(e.count for e in prof.key_averages() if e.device_time_total > 0)
+    wall = start.elapsed_time(end)
+    print(f"  mok forward+backward step (profiled): GPU busy {busy:.3f} ms of {wall:.3f} ms wall, {kernels} kernels")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3 slice only")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel breakdown")
     parser.add_argument("--save", action="store_true",
                         help="save mode: the forward keeps gate/up, the backward does not recompute it")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the forwards alone and profile one mok forward+backward step")
     parser.add_argument("--backward", choices=("staged", "fused"), default=None,
                         help="mok's backward (sets MOK_BACKWARD; fused needs --save); default: the autograd's own")
     args = parser.parse_args()
@@ -112,6 +136,13 @@ def main():
             rows.append((label, tb_n, tb_m, tfb_n, tfb_m, fwd_flops))
             print(f"{label}: backward native {tb_n:.3f} ms, mok {tb_m:.3f} ms; "
                   f"forward+backward native {tfb_n:.3f} ms, mok {tfb_m:.3f} ms", flush=True)
+            if args.breakdown:
+                tf_n, tf_m = paired_ms(lambda: native_forward(native_layer), lambda: mok_forward(mok_layer, args.save))
+                print(f"{label}: forward alone (recording for autograd) native {tf_n:.3f} ms, mok {tf_m:.3f} ms; "
+                      f"step minus forward minus backward: native {tfb_n - tf_n - tb_n:+.3f} ms, "
+                      f"mok {tfb_m - tf_m - tb_m:+.3f} ms", flush=True)
+                if not skew:
+                    profile_step(step_mok)
             if not args.no_profile and not skew:
                 profile_backward(out_m, mok_inputs, dout)
             del out_n, out_m, grads_n, grads_m

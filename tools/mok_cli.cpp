@@ -164,7 +164,6 @@ Options parse(int argc, char** argv) {
     else if (arg == "--fp64") o.fp64 = true;
     else if (arg == "--backward") o.backward = true;
     else if (arg == "--train") o.train = true;
-    else if (arg == "--backward") o.backward = true;
     else if (arg == "--cpu") o.cpu = true;
     else if (arg == "--fp8") o.fp8 = true;
     else if (arg == "--iterations") o.iterations = std::stoi(value());
