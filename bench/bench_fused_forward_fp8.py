@@ -19,7 +19,10 @@ Each output's error is measured against the fp32 layer on unquantized
 weights (per expert in fp32, no bf16 roundings). Useful FLOPs only, as in
 bench_fused_forward.py.
 
-usage: python3 bench/bench_fused_forward_fp8.py [--quick]
+--wild: bench_fused_forward.WILD_SHAPES (layers of released models), uniform
+routing.
+
+usage: python3 bench/bench_fused_forward_fp8.py [--quick | --wild]
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
-from bench_fused_forward import SHAPES, combine_slots, make_layer, start, torch_native  # noqa: E402
+from bench_fused_forward import SHAPES, WILD_SHAPES, combine_slots, forward_flops, make_layer, start, torch_native  # noqa: E402
 from bench_timing import event_ms  # noqa: E402
 
 E4M3_MAX = 448.0
@@ -116,14 +119,14 @@ def rel(a, b):
 
 
 def main():
-    args, _ = start("the DeepSeek-V3 slice only")  # prints the device and the dense bf16 peak
+    args, _ = start("the DeepSeek-V3 slice only", wild=True)  # prints the device and the dense bf16 peak
     names = ["native bf16", "native fp8", "mok bf16", "mok fp8"]
     rows = []
-    for name, T, H, I, E, k, shared in (SHAPES[:1] if args.quick else SHAPES):
-        for skew in (False, True) if not args.quick else (False,):
+    for name, T, H, I, E, k, shared in (WILD_SHAPES if args.wild else SHAPES[:1] if args.quick else SHAPES):
+        for skew in (False, True) if not (args.quick or args.wild) else (False,):
             label = name + (" skewed" if skew else "")
             layer = make_layer(T, H, I, E, k, shared, skew=skew)
-            flops = 6.0 * (T + T * k if shared else T * k) * H * I
+            flops = forward_flops(T, H, I, k, shared)
             exact = fp32_layer(*layer)
             fns = [lambda: torch_native(*layer), None, mok_bf16(layer), mok_fp8(layer)]
             try:
