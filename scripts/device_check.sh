@@ -13,6 +13,9 @@
 #   MOK_BASELINE_GPU_TESTS=path        a baseline's mok_gpu_tests: racecheck runs on it too, so a
 #                                      report can be told apart from one the baseline already has
 #   MOK_ROUNDS=3                       alternations per preset for 'speed'
+#   MOK_NEW_CLI=path/to/mok_cli        'bits' and 'speed' against this prebuilt mok_cli instead of
+#                                      the tree's own build; without 'tests' or a sanitizer step
+#                                      nothing is built (an A/B of two carried builds)
 #
 # A baseline is a mok_cli built here from another commit and carried along:
 #   git worktree add /tmp/base COMMIT && (cd /tmp/base && scripts/build.sh)
@@ -27,14 +30,20 @@ steps=" $* "; [ $# -eq 0 ] && steps=" tests "
 summary=()
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
-t0=$(date +%s)
-gtest=(); [ -d .deps/googletest ] && gtest=(-DMOK_GTEST_SOURCE=$PWD/.deps/googletest)
-if ! cmake --preset default "${gtest[@]}" -DMOK_TORCH=ON >"$OUT/configure.log" 2>&1; then
-  echo "configure with torch failed; without:"; tail -5 "$OUT/configure.log"
-  cmake --preset default "${gtest[@]}" -DMOK_TORCH=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+needs_build=1
+if [ -n "${MOK_NEW_CLI:-}" ] && [[ $steps != *" tests "* && $steps != *" memcheck "* && $steps != *" racecheck "* ]]; then
+  needs_build=0
 fi
-cmake --build build -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
-summary+=("build: $(( $(date +%s) - t0 )) s; $(grep -c 'spill' "$OUT/build.log") spill warnings")
+t0=$(date +%s)
+if [ $needs_build = 1 ]; then
+  gtest=(); [ -d .deps/googletest ] && gtest=(-DMOK_GTEST_SOURCE=$PWD/.deps/googletest)
+  if ! cmake --preset default "${gtest[@]}" -DMOK_TORCH=ON >"$OUT/configure.log" 2>&1; then
+    echo "configure with torch failed; without:"; tail -5 "$OUT/configure.log"
+    cmake --preset default "${gtest[@]}" -DMOK_TORCH=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  fi
+  cmake --build build -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+  summary+=("build: $(( $(date +%s) - t0 )) s; $(grep -c 'spill' "$OUT/build.log") spill warnings")
+fi
 
 if [[ $steps == *" tests "* ]]; then
   timeout 420 ctest --test-dir build -L gpu --output-on-failure >"$OUT/gpu_tests.log" 2>&1
@@ -61,7 +70,7 @@ for tool in memcheck racecheck; do
   fi
 done
 
-new=build/tools/mok_cli
+new=${MOK_NEW_CLI:-build/tools/mok_cli}
 if [[ $steps == *" bits "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
   bits() { "$1" --iterations 2 "${@:2}" 2>&1 | grep -o "fnv1a64 [0-9a-f]*" | head -1; }
   mismatches=0
@@ -81,6 +90,8 @@ if [[ $steps == *" bits "* ]] && [ -x "${MOK_BASELINE_CLI:-}" ]; then
 --preset medium --world 8 --tokens 512 --ring-slots 2
 --preset deepseek-v3-ep8-slice
 --preset qwen3-235b-ep8-slice --routing skewed
+--preset mixtral-8x7b
+--preset llama4-scout-ep2-slice --world 2
 LIST
   summary+=("bits: $mismatches mismatches against the baseline (bits.log)")
 fi
