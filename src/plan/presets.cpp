@@ -19,8 +19,8 @@ const std::vector<LayerShape>& layer_shapes() {
       {"deepseek-v3-ep8-slice", 7168, 2048, 32, 8, 1, "DeepSeek-V3, 32 local experts"},
       {"glm-4.5-ep8-slice", 5120, 1536, 20, 8, 1, "GLM-4.5, 20 local experts"},
       {"qwen3-235b-ep8-slice", 4096, 1536, 16, 8, 0, "Qwen3-235B-A22B, 16 local experts"},
-      // Few, wide experts: one expert's W13 is several times the L2
-      // (docs/perf-notes.md v2, the --wild layers).
+      // Few, wide experts (their gate/up blocks run n-tile major:
+      // world::forward_n_major_kinds).
       {"mixtral-8x7b", 4096, 14336, 8, 2, 0, "Mixtral-8x7B, the whole layer"},
       {"llama4-scout-ep2-slice", 5120, 8192, 8, 1, 1, "Llama 4 Scout, 8 local experts"},
       // Test shapes: small enough for the CPU reference.

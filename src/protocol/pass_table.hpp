@@ -191,6 +191,11 @@ struct PassShape {
   int32_t hidden, intermediate, shared_width;
   int32_t local_experts = 0;  // passes with per-expert kinds or counters only
   int32_t token_tile_m = 0;   // the token tile; 0: tile_m (shape_token_tile_m<Pass>() says which)
+  // Bit k: kind k's pipeline blocks run n-tile major even where the table's
+  // entry does not say so (a choice of the host for the layer's shape:
+  // world::forward_n_major_kinds). The order of a block's tasks changes no
+  // wait and no bit, only which B panels the tasks running at once share.
+  uint32_t n_major_kinds = 0;
 };
 
 // The token tile a shape gives its own-token kinds.
@@ -524,6 +529,7 @@ struct PassGeometry : ExpertGeometry<Pass> {
   int32_t token_tile_m;     // rows of a token tile (own-token kinds' m-tile)
   int32_t token_m_tiles;    // token tiles of the rank's own tokens
   int32_t n_tiles[Pass::kNumKinds];  // n-tiles of one m-tile, per kind (0: the kind has no tasks)
+  uint32_t n_major_kinds;            // PassShape::n_major_kinds
 
   // The lookahead in force: a lagging block reads what the leading block of
   // the same minibatch wrote into the ring, so it never trails by more than
@@ -583,6 +589,7 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
   g.lookahead = s.lookahead;
   g.token_tile_m = token_tile_of(s);
   g.token_m_tiles = (tokens + g.token_tile_m - 1) / g.token_tile_m;
+  g.n_major_kinds = s.n_major_kinds;
   for_each_index<Pass::kNumKinds>([&](auto K) {
     constexpr TaskKindSpec spec = Pass::kKinds[K];
     const int32_t n = dim_of(s, spec.n);
@@ -603,7 +610,8 @@ MOK_HD PassGeometry<Pass> pass_geometry(const PassShape& s, int32_t tokens, int3
 // GEMM workers take tickets 0, 1, 2, ... from one counter. The order is the
 // prologue's kinds (every task of each, m-tile major), then the pipeline:
 // step s = 0, 1, ... emits, for each entry in order, the tasks of its kind for
-// minibatch s - lag (m-tile major, or n-tile major for an n_major entry) when
+// minibatch s - lag (m-tile major, or n-tile major for an n_major entry or a
+// kind in the shape's n_major_kinds) when
 // that minibatch exists; then the finale: the token-reduced kinds (every
 // task of each, m-tile major), then the per-expert blocks. It must be a
 // topological order of the table's waits: every task waits only on tasks
@@ -681,8 +689,9 @@ MOK_HD bool pipeline_block(const PassGeometry<Pass>& g, PipelineEntry entry, int
   const int32_t size = m * n;
   if (ticket < size) {
     // (m-tile in the block, n-tile): n-tile major, or m-tile major.
-    task = {entry.kind, mb, mb * g.tiles_per_minibatch() + (entry.n_major ? ticket % m : ticket / n),
-            entry.n_major ? ticket / m : ticket % n};
+    const bool n_major = entry.n_major || ((g.n_major_kinds >> entry.kind) & 1u) != 0u;
+    task = {entry.kind, mb, mb * g.tiles_per_minibatch() + (n_major ? ticket % m : ticket / n),
+            n_major ? ticket / m : ticket % n};
     return true;
   }
   ticket -= size;

@@ -161,6 +161,24 @@ const char* world_kind_name(WorldKind kind) {
   return "unknown";
 }
 
+uint32_t forward_n_major_kinds(const LayerConfig& config, const FusedForwardOptions& resolved, const GpuFacts& gpus,
+                               const KernelFacts& kernel, int32_t gate_up_kind, int32_t gate_up_n_tiles) {
+  const size_t device = static_cast<size_t>(gpus.current_device);
+  if (device >= gpus.l2_bytes.size() || gpus.l2_bytes[device] <= 0 || gate_up_kind < 0 || gate_up_kind >= 32) {
+    return 0;
+  }
+  const long long element_bytes = config.dtype == DType::kFP8E4M3 ? 1 : 2;
+  const long long w13_bytes = 2ll * config.intermediate * config.hidden * element_bytes;
+  long long tokens = 0;
+  for (int t : config.tokens_per_rank) tokens += t;
+  const long long rows_per_expert = tokens * config.top_k / config.num_experts;  // uniform routing
+  const long long expert_m_tiles = (rows_per_expert + kernel.tile_m - 1) / kernel.tile_m;
+  const long long gemm_ctas = resolved.ctas_per_rank - resolved.comm_ctas_per_rank;
+  const bool wide_experts =
+      2 * w13_bytes > gpus.l2_bytes[device] && 2 * expert_m_tiles * gate_up_n_tiles > 3 * gemm_ctas;
+  return wide_experts ? (1u << gate_up_kind) : 0u;
+}
+
 std::vector<int> rank_devices(const LayerConfig& config, const FusedForwardOptions& options, const GpuFacts& gpus) {
   if (world_kind(options) == WorldKind::kPeer) return options.devices;
   return std::vector<int>(static_cast<size_t>(config.world_size), gpus.current_device);

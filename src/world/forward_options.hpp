@@ -5,6 +5,7 @@
 // tested on the CPU (tests/cpu/test_forward_options.cpp).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "mok/fused_forward.hpp"
@@ -28,6 +29,7 @@ inline constexpr long long kMaxRingRows = 1ll << 30;
 struct GpuFacts {
   int current_device = 0;
   std::vector<int> sm_count;  // [visible device]
+  std::vector<long long> l2_bytes;  // [visible device]; empty: not known (every n-major rule off)
 };
 // Asks the CUDA runtime (defined in fused_forward.cu).
 GpuFacts query_gpus();
@@ -37,6 +39,20 @@ GpuFacts query_gpus();
 // process world). Throws mok::Error naming the first bad field.
 FusedForwardOptions resolve_options(const LayerConfig& config, const FusedForwardOptions& options,
                                     const KernelFacts& kernel, const GpuFacts& gpus);
+
+// The forward's kinds whose pipeline blocks run n-tile major
+// (protocol::PassShape::n_major_kinds). The gate/up block does when one
+// expert's W13 (2 I x H) is larger than half the rank's GPU's L2 and an
+// expert's m-tiles at uniform routing times the gate/up n-tiles are more
+// than one and a half times the rank's GEMM CTAs. Then the tasks running at once cover only
+// a fraction of one expert's m-tiles, and m-tile major order reads the
+// expert's whole W13 from memory once per m-tile (few, wide experts:
+// Mixtral, Llama 4 Scout); n-tile major reads each W13 panel once per
+// minibatch. The presets the forward was tuned on stay m-tile major.
+// `resolved`: resolve_options' result; `gate_up_n_tiles`: the gate/up kind's
+// n-tiles (protocol::pass_geometry); `gate_up_kind`: its index in the table.
+uint32_t forward_n_major_kinds(const LayerConfig& config, const FusedForwardOptions& resolved, const GpuFacts& gpus,
+                               const KernelFacts& kernel, int32_t gate_up_kind, int32_t gate_up_n_tiles);
 
 // The GPU of each rank's workspace: devices[r] in a peer world, the current
 // GPU for every rank otherwise (a process world serves its one rank there).

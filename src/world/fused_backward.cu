@@ -1,42 +1,37 @@
 // The fused backward's facade (include/mok/fused_backward.hpp): validates the
 // layer and options (the forward's rules, forward_options.cpp), lays out every
 // rank's workspace (backward_layout.cpp) in the world the options pick (the
-// forward's world code: world_core.hpp, world.hpp), builds the backward's
-// tensor maps, and enqueues each pass through the same steps as the forward
-// (enqueue_pass, pass_launch.hpp): counters zeroed, then the fused kernel
-// (backward_kernel.cu), which computes every gradient, the shared expert's
-// weight gradients included.
+// forward's world code: world_core.hpp, world.hpp), checks each pass's
+// tensors, and has its maps built (backward_tensor_maps.cu) and its steps
+// enqueued (backward_steps.cu) through the same enqueue_pass as the
+// forward's: counters zeroed, then the fused kernel (backward_kernel.cu),
+// which computes every gradient, the shared expert's weight gradients
+// included. What the object keeps is backward_state.hpp; its rank views in
+// the kernel's parameters, backward_views.hpp.
 #include "mok/fused_backward.hpp"
 
-#include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
-#include <cstring>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
-#include "common/cuda_check.hpp"
-#include "device/host/driver_api.hpp"
-#include "device/kernel/fused_backward_params.hpp"
-#include "device/roles/gemm_role.cuh"
 #include "mok/error.hpp"
 #include "plan/implemented_dtype.hpp"
 #include "protocol/counters.hpp"
-#include "protocol/world_barrier.hpp"
 #include "world/backward_kernel.hpp"
 #include "world/backward_layout.hpp"
+#include "world/backward_state.hpp"
+#include "world/backward_steps.hpp"
+#include "world/backward_tensor_maps.hpp"
+#include "world/backward_views.hpp"
 #include "world/device_scope.hpp"
 #include "world/forward_options.hpp"
-#include "world/pass_params.hpp"
-#include "world/rank_tensors.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/pass_launch.hpp"
+#include "world/pass_params.hpp"
 #include "world/pass_report.hpp"
+#include "world/rank_tensors.hpp"
 #include "world/trace_memory.hpp"
 #include "world/workspace_layout.hpp"
 #include "world/world.hpp"
@@ -46,36 +41,6 @@ namespace mok {
 namespace {
 
 using protocol::BackwardPass;
-using world::Region;
-using world::align_up;
-
-// The tiles of the backward's kinds: A boxes [BM rows][BK] (K-major), MN-major
-// boxes [BK rows][64 columns].
-using GradCfg = device::PassGemmCfg<BackwardPass>;
-constexpr cuuint32_t kBoxK = GradCfg::kBlockK;
-constexpr cuuint32_t kBoxRows = GradCfg::kBlockM;
-constexpr cuuint32_t kBoxMN = GradCfg::kMNBlock;
-
-CUtensorMap encode(const char* what, const void* base, cuuint32_t rank, std::array<cuuint64_t, 3> dims,
-                   std::array<cuuint64_t, 2> strides, std::array<cuuint32_t, 3> box) {
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return device::encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims.data(),
-                                         strides.data(), box.data(), element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-
-// W13 as the gate/up tiles read it (recompute mode): [G][2][N][K], one box of
-// [kBlockN / 2 rows][BK] for the gate rows and one for the up rows.
-CUtensorMap encode_gate_up(const char* what, const void* base, cuuint64_t K, cuuint64_t N, cuuint64_t groups) {
-  const cuuint64_t dims[4] = {K, N, 2, groups};
-  const cuuint64_t strides[3] = {K * 2, N * K * 2, 2 * N * K * 2};
-  const cuuint32_t box[4] = {kBoxK, static_cast<cuuint32_t>(GradCfg::kBlockN / 2), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return device::encode_tensor_map_tiled(what, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box,
-                                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
 
 // Rows read or written by TMA or 16-byte accesses need 16-byte alignment;
 // the routing weights and their gradients are read and written one float at
@@ -92,159 +57,9 @@ void require_pointer(const void* p, const char* field, int rank, bool needed = t
   }
 }
 
-// Every rank's tensor maps, sized for the recompute table, which has the most
-// kinds; a pass uploads its own count.
-constexpr size_t kMostMaps = device::kBackwardMaps<protocol::BackwardRecomputePass>;
-static_assert(kMostMaps >= device::kNumBackwardMaps);
-using MapSets = std::vector<std::array<CUtensorMap, kMostMaps>>;
-
 }  // namespace
 
-// Declared in this order on purpose: the world goes before the core whose
-// memory it may map.
-struct FusedBackward::State {
-  world::WorldCore core;  // the ranks' GPUs and workspaces, the report words, the trace, the pass events
-  std::unique_ptr<world::World> world;
-  LayerConfig config;
-  FusedForwardOptions options;
-  world::KernelFacts kernel;
-  world::PassStateLayout pass_state;
-  world::BackwardLayout layout;  // every rank's regions (backward_layout.hpp)
-  BackwardMode mode = BackwardMode::kSave;
-  // The kernel's parameters in the object's mode (the other stays unused).
-  device::FusedBackwardParams params{};
-  device::FusedBackwardRecomputeParams recompute_params{};
-  // Calls f with the parameters of the object's mode.
-  template <class F>
-  void with_params(F&& f) {
-    if (mode == BackwardMode::kRecompute) {
-      f(recompute_params);
-    } else {
-      f(params);
-    }
-  }
-};
-
-namespace {
-
-// The geometry a rank's counters were sized by, in the table of `Params`.
-template <class Params>
-const auto& counter_geometry(const world::BackwardRankLayout& g) {
-  if constexpr (std::is_same_v<typename Params::Pass, protocol::BackwardRecomputePass>) {
-    return g.recompute_geometry;
-  } else {
-    return g.geometry;
-  }
-}
-
-// Host-ordered: set 0 of every rank, with the world's report words.
-// Device-ordered: set epoch % 2 of every rank, the world's abort flag and
-// stall report being those of rank 0's set (they outlive the pass until the
-// host has read them: docs/protocol.md), and the other set idle (the pass
-// clears it at its end). The combine's cursor is the word after a set's
-// counters.
-// (State: FusedBackward::State, deduced.)
-template <class State, class Params>
-void bind_counters(State& s, Params& p, uint32_t epoch) {
-  const bool ordered = s.core.device_ordered();
-  const int set = ordered ? protocol::counter_set_of(epoch) : 0;
-  uint32_t* abort = s.core.world_words;
-  auto* stall = reinterpret_cast<protocol::StallReport*>(s.core.world_words + 1);
-  if (ordered) {
-    const world::BackwardRankLayout& g0 = s.layout.ranks[0];
-    const auto rank0 = protocol::carve_counters(
-        counter_geometry<Params>(g0), reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[set].offset));
-    abort = rank0.abort;
-    stall = rank0.stall;
-  }
-  for (int r = 0; r < s.config.world_size; ++r) {
-    uint8_t* base = s.core.rank_base[static_cast<size_t>(r)];
-    if (base == nullptr) continue;
-    const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-    auto& v = p.ranks[r];
-    auto* words = reinterpret_cast<uint32_t*>(base + g.counters[set].offset);
-    v.counters = protocol::carve_counters(counter_geometry<Params>(g), words, abort, stall);
-    v.combine_next = words + protocol::counter_words(counter_geometry<Params>(g));
-    v.idle_counters = reinterpret_cast<uint32_t*>(base + g.counters[1 - set].offset);
-  }
-  p.epoch = ordered ? epoch : 0;
-}
-
-
-// Rank r's workspace pointers in the table (its base known: owned or
-// mapped); in a process world, its inputs too (staged there by each pass,
-// where peers read them). Counters are bound per pass (bind_counters).
-// (State: FusedBackward::State, deduced.)
-template <class State, class Params>
-void fill_view(const State& s, Params& p, int r) {
-  const world::BackwardRankLayout& g = s.layout.ranks[static_cast<size_t>(r)];
-  uint8_t* base = s.core.rank_base[static_cast<size_t>(r)];
-  auto& v = p.ranks[r];
-  v.dout_rows = reinterpret_cast<uint16_t*>(base + g.dout_rows.offset);
-  v.x_rows = reinterpret_cast<uint16_t*>(base + g.x_rows.offset);
-  v.w_rows = reinterpret_cast<float*>(base + g.w_rows.offset);
-  v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
-  v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
-  v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
-  v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
-  v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
-  v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
-  v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);
-  v.maps = reinterpret_cast<const CUtensorMap*>(base + g.maps.offset);
-  v.barrier = reinterpret_cast<protocol::WorldBarrierWords*>(base + g.barrier.offset);
-  const bool recompute = s.mode == BackwardMode::kRecompute;
-  v.kept_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_preact.offset) : nullptr;
-  v.kept_shared_preact = recompute ? reinterpret_cast<uint16_t*>(base + g.kept_shared_preact.offset) : nullptr;
-  if (s.core.kind == world::WorldKind::kProcess) {
-    v.x = reinterpret_cast<const uint16_t*>(base + g.staged_x.offset);
-    v.dout = reinterpret_cast<const uint16_t*>(base + g.staged_dout.offset);
-    v.weights = reinterpret_cast<const float*>(base + g.staged_weights.offset);
-    // Every rank's combine reads this rank's padded row count here.
-    v.expert_offset = reinterpret_cast<int32_t*>(base + g.staged_expert_offset.offset);
-  }
-}
-
-// Device-ordered: the last pass's report, in rank 0's counter set of that
-// pass (bind_counters); in a process world, kept when the peers were
-// unmapped (rank 0's workspace may be a peer's).
-template <class State>
-world::PassReport device_ordered_report(const State& s) {
-  if (s.core.rank_base[0] == nullptr) {
-    if (s.core.report_at_close) return *s.core.report_at_close;
-    throw Error("FusedBackward::check: rank 0's workspace is not mapped in this process (call import_peers() first)");
-  }
-  const world::BackwardRankLayout& g0 = s.layout.ranks[0];
-  auto* words =
-      reinterpret_cast<uint32_t*>(s.core.rank_base[0] + g0.counters[protocol::counter_set_of(s.core.epoch)].offset);
-  world::PassReport report;
-  const auto read = [&](const auto& p) {
-    const auto rank0 = protocol::carve_counters(counter_geometry<std::remove_cvref_t<decltype(p)>>(g0), words);
-    report = world::read_report_at(s.core, rank0.abort, rank0.stall);
-  };
-  if (s.mode == BackwardMode::kRecompute) {
-    read(s.recompute_params);
-  } else {
-    read(s.params);
-  }
-  return report;
-}
-
-// What the process world's exchange needs of the backward: its layout's
-// fingerprint and sizes; a mapped peer's views; its last report, kept
-// before the mappings (rank 0's workspace holds it) close.
-template <class State>
-world::WorkspaceExchange backward_exchange(State& s) {
-  world::WorkspaceExchange exchange;
-  exchange.fingerprint = world::backward_fingerprint(s.config, s.options, s.kernel, s.mode);
-  for (const world::BackwardRankLayout& g : s.layout.ranks) exchange.bytes.push_back(g.bytes);
-  exchange.mapped = [&s](int q) { s.with_params([&](auto& p) { fill_view(s, p, q); }); };
-  exchange.closing = [&s] {
-    if (s.core.epoch > 0) s.core.report_at_close = device_ordered_report(s);
-  };
-  return exchange;
-}
-
-}  // namespace
+struct FusedBackward::State : world::BackwardState {};
 
 FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOptions& options, BackwardMode mode)
     : state_(std::make_unique<State>()) {
@@ -306,7 +121,7 @@ FusedBackward::FusedBackward(const LayerConfig& config, const FusedForwardOption
     }
     for (int r = 0; r < R; ++r) {
       p.ranks[r].tokens = config.tokens_per_rank[static_cast<size_t>(r)];
-      if (core.rank_base[static_cast<size_t>(r)] != nullptr) fill_view(s, p, r);
+      if (core.rank_base[static_cast<size_t>(r)] != nullptr) world::fill_backward_view(s, p, r);
     }
     // Counters are bound per pass (bind_counters).
   });
@@ -425,199 +240,9 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
     for (int r = 0; r < c.world_size; ++r) params.ranks[r].tokens = pass_tokens[static_cast<size_t>(r)];
   });
 
-  // The maps of every rank (host only: a failure here enqueues nothing).
-  const cuuint64_t H = static_cast<cuuint64_t>(c.hidden), I = static_cast<cuuint64_t>(c.intermediate),
-                   S = static_cast<cuuint64_t>(c.shared_width()), El = static_cast<cuuint64_t>(c.experts_per_rank());
-  const cuuint64_t P = static_cast<cuuint64_t>(s.layout.buffer_rows);
-  const std::array<cuuint32_t, 3> box_a{kBoxK, kBoxRows, 1}, box_mn{kBoxMN, kBoxK, 1};
-  // Sized for the recompute table, which has the most kinds; a pass uploads its own count.
-  MapSets maps(static_cast<size_t>(served));
-  size_t map_count = 0;
-  s.with_params([&](auto& params) {
-  using Pass = typename std::remove_reference_t<decltype(params)>::Pass;
-  map_count = static_cast<size_t>(device::kBackwardMaps<Pass>);
-  auto map = [](int kind, int operand) { return static_cast<size_t>(protocol::map_index<Pass>(kind, operand)); };
-  for (int r = first; r < first + served; ++r) {
-    const BackwardRankTensors& t = ranks[static_cast<size_t>(r - first)];
-    const auto& v = params.ranks[r];
-    auto& m = maps[static_cast<size_t>(r - first)];
-    m = {};
-    const cuuint64_t T = static_cast<cuuint64_t>(v.tokens);
-    const cuuint64_t T_pad = align_up(T, kBoxRows);
-    m[map(Pass::kGrad, 0)] = encode("dout rows", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
-    m[map(Pass::kGrad, 1)] = encode("w2 (k-by-n)", t.w2, 3, {I, H, El}, {I * 2, H * I * 2}, box_mn);
-    m[map(Pass::kDx, 0)] = encode("d13 rows", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_a);
-    m[map(Pass::kDx, 1)] = encode("w13 (k-by-n)", t.w13, 3, {H, 2 * I, El}, {H * 2, 2 * I * H * 2}, box_mn);
-    m[map(Pass::kWeightGrad13, 0)] = encode("d13 rows (mn)", v.d13_rows, 2, {2 * I, P, 1}, {4 * I, 0}, box_mn);
-    m[map(Pass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
-    m[map(Pass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
-    m[map(Pass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
-    if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in [16 rows][64 columns] boxes
-      const std::array<cuuint32_t, 3> box_out{64, 16, 1};
-      auto out_map = [&](protocol::Tensor out) -> CUtensorMap& {
-        return m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(out))];
-      };
-      out_map(protocol::Tensor::kWeightGrad13) = encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
-      out_map(protocol::Tensor::kWeightGrad2) = encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);
-      if (S > 0) {
-        out_map(protocol::Tensor::kSharedWeightGrad13) =
-            encode("dshared_w13 (bf16)", t.dshared_w13, 2, {H, 2 * S, 1}, {H * 2, 0}, box_out);
-        out_map(protocol::Tensor::kSharedWeightGrad2) =
-            encode("dshared_w2 (bf16)", t.dshared_w2, 2, {S, H, 1}, {S * 2, 0}, box_out);
-      }
-    }
-    if (S > 0 && T > 0) {
-      m[map(Pass::kSharedGrad, 0)] = encode("dout", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_a);
-      m[map(Pass::kSharedGrad, 1)] =
-          encode("shared w2 (k-by-n)", t.shared_w2, 3, {S, H, 1}, {S * 2, H * S * 2}, box_mn);
-      m[map(Pass::kSharedDx, 0)] = encode("shared d13", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_a);
-      m[map(Pass::kSharedDx, 1)] =
-          encode("shared w13 (k-by-n)", t.shared_w13, 3, {H, 2 * S, 1}, {H * 2, 2 * S * H * 2}, box_mn);
-      // The shared expert's weight gradients, over the tokens (K): dW13 =
-      // shared d13^T x, dW2 = dout^T shared h (a rank without tokens stores
-      // zeros and reads nothing).
-      m[map(Pass::kSharedWeightGrad13, 0)] =
-          encode("shared d13 (mn)", v.shared_d13, 2, {2 * S, T_pad, 1}, {4 * S, 0}, box_mn);
-      m[map(Pass::kSharedWeightGrad13, 1)] = encode("x (mn)", t.x, 2, {H, T, 1}, {H * 2, 0}, box_mn);
-      m[map(Pass::kSharedWeightGrad2, 0)] = encode("dout (mn)", t.dout, 2, {H, T, 1}, {H * 2, 0}, box_mn);
-      m[map(Pass::kSharedWeightGrad2, 1)] =
-          encode("shared h (mn)", v.shared_h, 2, {S, T_pad, 1}, {S * 2, 0}, box_mn);
-    }
-    if constexpr (std::is_same_v<Pass, protocol::BackwardRecomputePass>) {
-      // The recomputed gate/up: x rows (and x) against W13 as the forward reads it.
-      m[map(Pass::kRecompute, 0)] = encode("x rows", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_a);
-      m[map(Pass::kRecompute, 1)] = encode_gate_up("w13 (gate/up)", t.w13, H, I, El);
-      if (S > 0 && T > 0) {
-        m[map(Pass::kSharedRecompute, 0)] = encode("x", t.x, 2, {H, T, 1}, {H * 2, 0}, box_a);
-        m[map(Pass::kSharedRecompute, 1)] = encode_gate_up("shared w13 (gate/up)", t.shared_w13, H, S, 1);
-      }
-    }
-  }
-  });
+  const world::BackwardMaps maps = world::encode_backward_maps(s, ranks, bf16_grads);
 
-  // The pass, after the previous one (which used the same workspaces).
-  class BackwardSteps final : public world::PassSteps {
-   public:
-    BackwardSteps(State& s, std::span<const BackwardRankTensors> ranks, const MapSets& maps, size_t map_count,
-                  bool accumulate, bool bf16_grads, bool& numbered, bool& launched)
-        : s_(s), ranks_(ranks), maps_(maps), map_count_(map_count), accumulate_(accumulate), bf16_grads_(bf16_grads),
-          numbered_(numbered), launched_(launched) {}
-
-    void bind(std::span<const cudaStream_t> streams) override {
-      if (s_.core.device_ordered()) {
-        ++s_.core.epoch;
-        numbered_ = true;
-      }
-      if (s_.world->stages_inputs()) stage_inputs(streams[0]);
-      const int first = s_.core.launches.front().first_rank;
-      s_.with_params([&](auto& p) {
-        bind_counters(s_, p, s_.core.epoch);
-        p.accumulate = accumulate_ ? 1 : 0;
-        p.weight_grad_bf16 = bf16_grads_ ? 1 : 0;
-        for (int r = first; r < first + static_cast<int>(ranks_.size()); ++r) {
-          const BackwardRankTensors& t = ranks_[static_cast<size_t>(r - first)];
-          auto& v = p.ranks[r];
-          auto* state = static_cast<uint8_t*>(const_cast<void*>(t.pass_state));
-          v.expert_rows = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_rows.offset);
-          v.rows = reinterpret_cast<RowSource*>(state + s_.pass_state.rows.offset);
-          // A process world's rank reads the staged copies (fill_view), as its
-          // peers do: the same bytes, and its own tests then cover them.
-          if (!s_.world->stages_inputs()) {
-            v.expert_offset = reinterpret_cast<int32_t*>(state + s_.pass_state.expert_offset.offset);
-            v.x = static_cast<const uint16_t*>(t.x);
-            v.dout = static_cast<const uint16_t*>(t.dout);
-            v.weights = t.weights;
-          }
-          // Recompute mode: the pre-activations its own gate/up tasks keep.
-          v.preact = v.kept_preact != nullptr ? v.kept_preact : static_cast<const uint16_t*>(t.preact);
-          v.shared_preact =
-              v.kept_preact != nullptr ? v.kept_shared_preact : static_cast<const uint16_t*>(t.shared_preact);
-          v.dx = static_cast<uint16_t*>(t.dx);
-          v.dweights = t.dweights;
-          v.dw13 = t.dw13;
-          v.dw2 = t.dw2;
-          v.dshared_w13 = t.dshared_w13;
-          v.dshared_w2 = t.dshared_w2;
-        }
-      });
-    }
-
-    // The process world: peers read this rank's x, dout and routing weights
-    // (the pull dispatch) and the end of its schedule's expert offsets (the
-    // combine) in its workspace: a caller's tensors are not IPC-visible. Safe
-    // to overwrite once the previous pass's kernel has ended (the pass waited
-    // for it): it ended only after every rank finished that pass (the end
-    // barrier).
-    void stage_inputs(cudaStream_t stream) {
-      const int me = s_.core.process_rank;
-      const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(me)];
-      const BackwardRankTensors& mine = ranks_[0];
-      uint8_t* base = s_.core.rank_base[static_cast<size_t>(me)];
-      world::DeviceScope on(s_.core.rank_device[static_cast<size_t>(me)]);
-      const void* expert_offset = static_cast<const uint8_t*>(mine.pass_state) + s_.pass_state.expert_offset.offset;
-      const std::pair<const void*, world::Region> copies[] = {{mine.x, g.staged_x},
-                                                              {mine.dout, g.staged_dout},
-                                                              {mine.weights, g.staged_weights},
-                                                              {expert_offset, g.staged_expert_offset}};
-      for (const auto& [from, to] : copies) {
-        if (to.bytes > 0) {
-          MOK_CUDA_CHECK(cudaMemcpyAsync(base + to.offset, from, to.bytes, cudaMemcpyDeviceToDevice, stream));
-        }
-      }
-    }
-
-    // Its ranks' maps; host-ordered, their counter sets (the combine's
-    // cursor with them) and the world's report words; the trace counts. The
-    // first launch's GPU is the report GPU (rank 0's, or a process world's own).
-    void prepare(size_t i, cudaStream_t stream) override {
-      const world::Launch& launch = s_.core.launches[i];
-      const int first = s_.core.launches.front().first_rank;
-      const bool ordered = s_.core.device_ordered();
-      for (int r = launch.first_rank; r < launch.first_rank + launch.ranks; ++r) {
-        const world::BackwardRankLayout& g = s_.layout.ranks[static_cast<size_t>(r)];
-        uint8_t* base = s_.core.rank_base[static_cast<size_t>(r)];
-        MOK_CUDA_CHECK(cudaMemcpyAsync(base + g.maps.offset, maps_[static_cast<size_t>(r - first)].data(),
-                                       sizeof(CUtensorMap) * map_count_, cudaMemcpyHostToDevice, stream));
-        if (!ordered) MOK_CUDA_CHECK(cudaMemsetAsync(base + g.counters[0].offset, 0, g.counters[0].bytes, stream));
-      }
-      if (i == 0) {
-        if (!ordered) s_.core.zero_report_words(stream);
-        if (s_.core.trace_memory != nullptr) {
-          MOK_CUDA_CHECK(cudaMemsetAsync(s_.core.trace_memory, 0, s_.core.trace_count_bytes(), stream));
-        }
-      }
-    }
-
-    void launch(size_t i, cudaStream_t stream) override {
-      const world::Launch& launch = s_.core.launches[i];
-      s_.with_params([&](auto& p) {
-        auto mine = p;
-        mine.first_rank = launch.first_rank;
-        mine.launch_ranks = launch.ranks;
-        launched_ = true;  // from here a failure may leave some launch enqueued
-        world::launch_backward_kernel(mine, launch.ranks * s_.options.ctas_per_rank, stream,
-                                      s_.core.system_scope());
-      });
-    }
-
-   private:
-    State& s_;
-    std::span<const BackwardRankTensors> ranks_;
-    const MapSets& maps_;
-    const size_t map_count_;
-    const bool accumulate_, bf16_grads_;
-    bool& numbered_;
-    bool& launched_;
-  };
-  bool numbered = false;  // device-ordered: this pass took a number
-  bool launched = false;  // some launch of this pass is enqueued
-  try {
-    BackwardSteps steps(s, ranks, maps, map_count, accumulate, bf16_grads, numbered, launched);
-    world::enqueue_pass(s.core, *s.world, steps, cuda_streams, /*capturing=*/false);
-  } catch (...) {
-    world::give_back_number(s.core, numbered, launched);
-    throw;
-  }
+  world::enqueue_backward_pass(s, ranks, maps, accumulate, bf16_grads, cuda_streams);
 }
 
 void FusedBackward::check(CUstream_st* stream) {
@@ -642,7 +267,7 @@ void FusedBackward::check(std::span<CUstream_st* const> streams) {
     for (const world::BackwardRankLayout& g : s.layout.ranks) barrier_offset.push_back(g.barrier.offset);
     world::throw_if_barrier_broke(s.core, barrier_offset, s.options.barrier_timeout_seconds, "fused backward",
                                   s.options.describe());
-    report = device_ordered_report(s);
+    report = world::device_ordered_backward_report(s);
   }
   if (report.abort == 0) return;
   const protocol::StallReport& stall = report.stall;
@@ -660,16 +285,16 @@ void FusedBackward::check(std::span<CUstream_st* const> streams) {
 }
 
 std::vector<uint8_t> FusedBackward::export_handle() const {
-  return state_->world->export_handle(state_->core, backward_exchange(*state_));
+  return state_->world->export_handle(state_->core, world::backward_exchange(*state_));
 }
 
 void FusedBackward::import_peers(std::span<const std::vector<uint8_t>> handles) {
   State& s = *state_;
-  s.world->import_peers(s.core, backward_exchange(s), handles);
+  s.world->import_peers(s.core, world::backward_exchange(s), handles);
   s.core.report_at_close.reset();
 }
 
-void FusedBackward::close_peers() { state_->world->close_peers(state_->core, backward_exchange(*state_)); }
+void FusedBackward::close_peers() { state_->world->close_peers(state_->core, world::backward_exchange(*state_)); }
 
 std::vector<TraceEvent> FusedBackward::trace(CUstream_st* stream) {
   State& s = *state_;

@@ -12,6 +12,8 @@
 
 #include "common/cuda_check.hpp"
 #include "mok/error.hpp"
+#include "protocol/pass_forward.hpp"
+#include "protocol/pass_forward_fp8.hpp"
 #include "world/device_scope.hpp"
 #include "world/forward_options.hpp"
 #include "world/fused_kernel.hpp"
@@ -30,8 +32,12 @@ GpuFacts query_gpus() {
   MOK_CUDA_CHECK(cudaGetDeviceCount(&count));
   MOK_CUDA_CHECK(cudaGetDevice(&gpus.current_device));
   gpus.sm_count.resize(static_cast<size_t>(count));
+  gpus.l2_bytes.resize(static_cast<size_t>(count));
   for (int d = 0; d < count; ++d) {
     MOK_CUDA_CHECK(cudaDeviceGetAttribute(&gpus.sm_count[static_cast<size_t>(d)], cudaDevAttrMultiProcessorCount, d));
+    int l2 = 0;
+    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, d));
+    gpus.l2_bytes[static_cast<size_t>(d)] = l2;
   }
   return gpus;
 }
@@ -53,6 +59,15 @@ namespace {
 
 std::vector<cudaStream_t> as_streams(std::span<CUstream_st* const> streams) {
   return std::vector<cudaStream_t>(streams.begin(), streams.end());
+}
+
+// The kinds whose pipeline blocks run n-tile major for this layer
+// (forward_n_major_kinds), in the table of the layer's dtype.
+template <class Pass>
+uint32_t n_major_kinds_of(const world::WorldState& s, const world::GpuFacts& gpus) {
+  const protocol::PassGeometry<Pass> g =
+      protocol::pass_geometry<Pass>(world::pass_shape(s.config, s.options, s.kernel), 0, 0);
+  return world::forward_n_major_kinds(s.config, s.options, gpus, s.kernel, Pass::kGateUp, g.n_tiles[Pass::kGateUp]);
 }
 
 }  // namespace
@@ -78,6 +93,8 @@ FusedForward::FusedForward(const LayerConfig& config, const FusedForwardOptions&
     s.allocate_report_words(static_cast<size_t>(R) * static_cast<size_t>(s.options.ctas_per_rank),
                             s.options.trace_events);
   }
+  s.n_major_kinds = config.dtype == DType::kFP8E4M3 ? n_major_kinds_of<protocol::ForwardFp8Pass>(s, gpus)
+                                                     : n_major_kinds_of<protocol::ForwardPass>(s, gpus);
   s.fill_params();
   for (int r = 0; r < R; ++r) {
     // Every rank's layout (a process world reads its peers' memory by it),

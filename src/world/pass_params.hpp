@@ -26,6 +26,7 @@ void fill_pass_params(Params& p, const LayerConfig& c, const FusedForwardOptions
   p.lookahead = o.lookahead;
   p.ctas_per_rank = o.ctas_per_rank;
   p.comm_ctas_per_rank = o.comm_ctas_per_rank;
+  p.n_major_kinds = 0;  // the forward sets its own (forward_n_major_kinds)
   p.timeout_ns = static_cast<uint64_t>(o.timeout_seconds * 1e9);
 }
 

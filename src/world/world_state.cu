@@ -23,6 +23,7 @@ void WorldState::fill_params() {
   const FusedForwardOptions& o = options;
   device::FusedForwardParams& p = params;
   fill_pass_params(p, c, o, kernel.tile_m);
+  p.n_major_kinds = n_major_kinds;
   if (trace_memory != nullptr) {
     p.trace_count = reinterpret_cast<uint32_t*>(trace_memory);
     p.trace = reinterpret_cast<TraceEvent*>(trace_memory + trace_count_bytes());

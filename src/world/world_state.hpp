@@ -31,6 +31,7 @@ struct WorldState : WorldCore {
   PassStateLayout pass_state;         // of every rank's pass state, the world's own and a caller's
   device::FusedForwardParams params{};
   std::vector<RankTensors> last_tensors;  // the tensor maps were built for these
+  uint32_t n_major_kinds = 0;             // forward_n_major_kinds, for the params (fill_params)
 
   // Allocates rank r's workspace on its GPU, zeroes its counters and barrier
   // words, and fills its view.

@@ -225,3 +225,37 @@ TEST(ForwardOptions, WorldsAreCheckedAgainstTheVisibleGpus) {
 }
 
 }  // namespace
+
+// The gate/up blocks run n-tile major only for layers of few, wide experts
+// (one expert's W13 beyond half the L2, and an expert's m-tiles times the
+// gate/up n-tiles beyond 1.5 times the GEMM CTAs); the presets the forward was
+// tuned on keep m-tile major order; with the L2 unknown the rule is off.
+TEST(ForwardOptions, TheGateUpBlocksRunNTileMajorForFewWideExpertsOnly) {
+  constexpr int32_t kGateUp = 2;  // any index: the rule sets that bit
+  const auto n_major = [&](const mok::LayerShape& shape, long long l2_bytes, mok::DType dtype = mok::DType::kBF16) {
+    const mok::LayerConfig config = mok::make_config(shape, std::vector<int>{4096}, dtype);
+    GpuFacts g = gpus(1);
+    if (l2_bytes > 0) g.l2_bytes = {l2_bytes};
+    const KernelFacts kernel = dtype == mok::DType::kFP8E4M3 ? mok::test_support::hopper_fp8_kernel_facts()
+                                                              : hopper_kernel();
+    const auto o = mok::world::resolve_options(config, {}, kernel, g);
+    const int32_t gate_up_n_tiles = shape.intermediate / 128;  // 128 h columns a tile
+    return mok::world::forward_n_major_kinds(config, o, g, kernel, kGateUp, gate_up_n_tiles);
+  };
+  constexpr long long kH200L2 = 50ll << 20;
+  const mok::LayerShape& mixtral = mok::find_shape("mixtral-8x7b");
+  const mok::LayerShape& scout = mok::find_shape("llama4-scout-ep2-slice");
+  EXPECT_EQ(n_major(mixtral, kH200L2), 1u << kGateUp);  // W13[e] 235 MB; 8 m-tiles x 112 n-tiles
+  EXPECT_EQ(n_major(scout, kH200L2), 1u << kGateUp);    // 168 MB; 4 x 64
+  EXPECT_EQ(n_major(mixtral, 0), 0u);                   // L2 not known: the table's order
+  EXPECT_EQ(n_major(mixtral, 1ll << 40), 0u);           // an L2 that holds every W13[e]
+  for (const char* tuned : {"deepseek-v3-ep8-slice", "glm-4.5-ep8-slice", "qwen3-235b-ep8-slice"}) {
+    EXPECT_EQ(n_major(mok::find_shape(tuned), kH200L2), 0u) << tuned;
+    EXPECT_EQ(n_major(mok::find_shape(tuned), kH200L2, mok::DType::kFP8E4M3), 0u) << tuned << " fp8";
+  }
+  // FP8 halves W13's bytes: an expert of 40 MB in bf16 (beyond half the L2)
+  // is 20 MB in FP8 (within it).
+  const mok::LayerShape narrow{"narrow", 5120, 2048, 2, 2, 0, "test"};
+  EXPECT_EQ(n_major(narrow, kH200L2), 1u << kGateUp);
+  EXPECT_EQ(n_major(narrow, kH200L2, mok::DType::kFP8E4M3), 0u);
+}

@@ -67,6 +67,7 @@ struct ModelOptions {
   // token-row kinds.
   int n_tiles[ForwardPass::kNumKinds] = {2, 2, 2, 3};
   int lookahead = 1;
+  uint32_t n_major_kinds = 0;  // PassShape::n_major_kinds: kinds whose pipeline blocks run n-tile major
   int dispatch_workers = 2;  // per rank; 0 starves the pass (timeout test)
   int gemm_workers = 3;      // per rank
   // Tickets a GEMM worker holds beyond the one it works on. A device GEMM CTA
@@ -154,6 +155,7 @@ class ProtocolModel {
     g.lookahead = options_.lookahead;
     g.token_tile_m = options_.token_tile_m > 0 ? options_.token_tile_m : options_.tile_m;
     g.token_m_tiles = (T + g.token_tile_m - 1) / g.token_tile_m;
+    g.n_major_kinds = options_.n_major_kinds;
     for (int k = 0; k < P::kNumKinds; ++k) {
       const bool token_kind = P::kKinds[k].rows == Rows::kTokens;
       g.n_tiles[k] = token_kind && !has_shared() ? 0 : options_.n_tiles[k];
@@ -361,6 +363,29 @@ TEST(PassProtocol, CompletesAndMovesEveryRowOnceUnderRandomDelays) {
                                           << " minibatch_tiles=" << minibatch_tiles << " lookahead=" << lookahead);
           run_and_expect_clean(config, mok::synthetic::RoutingMode::kUniform, options, seed++);
         }
+      }
+    }
+  }
+}
+
+// The gate/up blocks in n-tile major order (the host's choice for layers of
+// few, wide experts: world::forward_n_major_kinds): the same pass, every row
+// moved once, under random delays.
+TEST(PassProtocol, CompletesWithTheGateUpBlocksNTileMajor) {
+  uint64_t seed = 101;
+  for (int world : {1, 2}) {
+    for (int ring_slots : {1, 2}) {
+      for (int lookahead : {1, 2}) {
+        auto config = mok::make_config(mok::find_shape("small"), world, 0);
+        for (int r = 0; r < world; ++r) config.tokens_per_rank[r] = 13 + 5 * r;
+        ModelOptions options;
+        options.ring_slots = ring_slots;
+        options.minibatch_tiles = 3;
+        options.lookahead = lookahead;
+        options.n_tiles[ForwardPass::kGateUp] = 4;
+        options.n_major_kinds = 1u << ForwardPass::kGateUp;
+        SCOPED_TRACE(testing::Message() << "R=" << world << " slots=" << ring_slots << " lookahead=" << lookahead);
+        run_and_expect_clean(config, mok::synthetic::RoutingMode::kUniform, options, seed++);
       }
     }
   }
@@ -773,6 +798,8 @@ TEST(PassTable, TicketOrderMeetsEveryWaitWithSmallerTickets) {
           SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " slots=" << ring_slots
                                           << " lookahead=" << lookahead << " m_tiles=" << m_tiles);
           check_table_order(g);
+          g.n_major_kinds = 1u << Pass::kGateUp;  // the host's order for few, wide experts
+          check_table_order(g);
         }
       }
     }
@@ -798,8 +825,12 @@ TEST(PassTable, Fp8ForwardTicketOrderMeetsEveryWaitWithSmallerTickets) {
             int32_t padded_rows = 0;
             for (int32_t rows : expert_rows) padded_rows += (rows + kTileM - 1) / kTileM * kTileM;
             PassShape shape{kTileM, kTileM * minibatch_tiles, ring_slots, lookahead, 512, 384, 256};
-            // The FP8 table itself (one height), then the two-height one.
+            // The FP8 table itself (one height; its gate/up blocks in either
+            // order), then the two-height one.
             check_table_order(pass_geometry<ForwardFp8Pass>(shape, tokens, padded_rows));
+            PassShape n_major = shape;
+            n_major.n_major_kinds = 1u << ForwardFp8Pass::kGateUp;
+            check_table_order(pass_geometry<ForwardFp8Pass>(n_major, tokens, padded_rows));
             shape.token_tile_m = 2 * kTileM;
             const PassGeometry<SplitNFp8Pass> g = pass_geometry<SplitNFp8Pass>(shape, tokens, padded_rows);
             SCOPED_TRACE(testing::Message() << "minibatch_tiles=" << minibatch_tiles << " slots=" << ring_slots

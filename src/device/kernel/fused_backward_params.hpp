@@ -96,6 +96,7 @@ struct FusedBackwardParamsOf {
   int32_t lookahead;
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
+  uint32_t n_major_kinds;    // protocol::PassShape::n_major_kinds: 0 (the table's own n_major entries only)
   int32_t accumulate;        // nonzero: weight-gradient tiles are added to the caller's fp32 buffers
   int32_t weight_grad_bf16;  // nonzero: weight-gradient tiles are rounded once to bf16
   uint64_t timeout_ns;

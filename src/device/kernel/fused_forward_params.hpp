@@ -106,6 +106,7 @@ struct FusedForwardParams {
   int32_t lookahead;
   int32_t ctas_per_rank;
   int32_t comm_ctas_per_rank;
+  uint32_t n_major_kinds;  // protocol::PassShape::n_major_kinds (world::forward_n_major_kinds)
   uint64_t timeout_ns;
   // The pass trace (include/mok/pass_trace.hpp); null when tracing is off.
   TraceEvent* trace;        // [world blocks][trace_capacity], world block = first_rank * ctas_per_rank + block

@@ -93,7 +93,8 @@ struct RoleContext {
   __device__ protocol::PassShape shape() const {
     return protocol::PassShape{params.tile_m,       params.minibatch_rows, params.ring_slots,
                                params.lookahead,    params.hidden,         params.intermediate,
-                               params.shared_width, params.num_local_experts, protocol::shape_token_tile_m<Pass>()};
+                               params.shared_width, params.num_local_experts, protocol::shape_token_tile_m<Pass>(),
+                               params.n_major_kinds};
   }
   // The pass's geometry for `padded_rows` schedule rows (0 before the schedule
   // exists: token-row tasks and every counter index do not need it).
