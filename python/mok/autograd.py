@@ -127,6 +127,12 @@ def _main_grads(w13, w2, shared_w13, shared_w2):
 
 def _setup_fused_forward(ctx, inputs, output, kept=()):
     x, expert_ids, weights, w13, w2, shared_w13, shared_w2, _, tuning = inputs[:9]  # then check_errors (keep_preact)
+    # Outputs the loss does not reach get None, not zeros: the training op's
+    # kept outputs (non-differentiable) would otherwise each get a zero
+    # gradient of their size, the pre-activations' alone [saved rows, 2I] bf16
+    # (300 MB on the DeepSeek-V3 slice), allocated and cleared before every
+    # backward for nothing. The backwards take None for an unused out.
+    ctx.set_materialize_grads(False)
     ctx.world = len(x)
     ctx.main_grads = _main_grads(w13, w2, shared_w13, shared_w2)
     ctx.tuning_is_empty_list = len(tuning) == 0  # its "gradient" must mirror that (see _fit)
