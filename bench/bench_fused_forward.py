@@ -78,9 +78,10 @@ def median_ms(fn, warmup=5, iters=20):
     return times[len(times) // 2]
 
 
-def paired_ms(fn_a, fn_b, rounds=5, iters=4):
+def paired_ms(fn_a, fn_b, rounds=5, iters=4, host_ahead=False):
     """Medians of fn_a and fn_b timed in alternating rounds, so that clock and
-    temperature drift during the run weighs on both alike."""
+    temperature drift during the run weighs on both alike (host_ahead:
+    bench_timing.event_ms's host-ahead timing)."""
     for _ in range(3):
         fn_a()
         fn_b()
@@ -88,7 +89,7 @@ def paired_ms(fn_a, fn_b, rounds=5, iters=4):
     times = ([], [])
     for _ in range(rounds):
         for fn, out in ((fn_a, times[0]), (fn_b, times[1])):
-            out.extend(event_ms(fn) for _ in range(iters))
+            out.extend(event_ms(fn, host_ahead) for _ in range(iters))
     return tuple(sorted(t)[len(t) // 2] for t in times)
 
 
