@@ -125,3 +125,50 @@ def test_the_module_in_save_mode_trains_to_the_same_gradients():
         grads[save] = [x.grad] + [p.grad for p in moe.parameters()]
     for a, b in zip(grads[False], grads[True]):
         assert a is not None and torch.equal(a, b)
+
+
+class _RecordingContext:
+    """Stands in for autograd's ctx: records what setup_context asks of it."""
+
+    def __init__(self):
+        self.materialize_grads = True  # autograd's default
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = value
+
+    def save_for_backward(self, *tensors):
+        self.saved = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+
+@pytest.mark.parametrize("keep_preact", [True, False])
+def test_outputs_the_loss_does_not_reach_get_no_zero_gradient(keep_preact):
+    """The training op's kept outputs (pre-activations, schedule) never reach
+    the loss, nor does a rank's out that the loss does not use: autograd must
+    hand the backward None for them, not zero tensors of their size, which it
+    would allocate and clear before every backward (the pre-activations alone
+    are 300 MB on the DeepSeek-V3 slice). Both ops' setup turns that off; the
+    backward's handling of None is what the unused-rank case below runs."""
+    from mok import autograd
+    case = CASES["no shared, top-1, R=2"]
+    layer = random_global_layer(case["T"], case["H"], case["I"], case["E"], case["k"], case["S"], seed=3)
+    xs, ids, ws, w13s, w2s, _, _ = split_world(layer, case["R"])
+    inputs = (xs, ids, ws, w13s, w2s, None, None, case["E"], mok.tuning_list({}), False, keep_preact, 0)
+    with cpu_reference_forward():
+        output = torch.ops.mok.fused_forward_train(*inputs)
+        plain = torch.ops.mok.fused_forward(*inputs[:10])
+    ctx = _RecordingContext()
+    autograd._setup_fused_forward_train(ctx, inputs, output)
+    assert ctx.materialize_grads is False
+    ctx = _RecordingContext()
+    autograd._setup_fused_forward(ctx, inputs[:10], plain)
+    assert ctx.materialize_grads is False
+
+    # A rank whose out the loss does not use: its dout comes as None.
+    x = [t.clone().requires_grad_(True) for t in xs]
+    with cpu_reference_forward():
+        out = mok.fused_forward(x, ids, ws, w13s, w2s, num_experts=case["E"], save_activations=keep_preact)
+        (dx0,) = torch.autograd.grad(out[0], [x[0]], torch.ones_like(out[0]))
+    assert torch.isfinite(dx0).all() and dx0.abs().sum() > 0
