@@ -92,6 +92,7 @@ from . import _library
 LIBRARY_PATH = _library.load()  # where libmok_torch.so was found
 
 from . import autograd as _autograd  # noqa: E402
+from . import eager_autograd as _eager_autograd  # noqa: E402
 from .options import TUNING_OPTIONS, tuning_list  # noqa: E402
 
 _autograd.register()
@@ -242,11 +243,20 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     options, _ = _resolve_tuning(x, expert_ids, w13, w2, shared_w2, num_experts, tuning, token_capacity)
     args = (list(x), list(expert_ids), list(weights), list(w13), list(w2), shared_w13, shared_w2, num_experts,
             tuning_list(options), check_errors)
+    # Recorded by autograd in eager mode: the same ops and formulas without
+    # torch.library's per-call wrapper (mok/eager_autograd.py says why).
+    eager = _eager_autograd.applies(*args[:7])
     if save_activations:
+        if eager:
+            return _eager_autograd.fused_forward_train_out(*args, True, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, token_capacity=token_capacity)[0]
     if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2):
         # Recompute mode of the fused backward kernel: the schedule only.
+        if eager:
+            return _eager_autograd.fused_forward_train_out(*args, False, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, keep_preact=False, token_capacity=token_capacity)[0]
+    if eager:
+        return _eager_autograd.fused_forward(*args, token_capacity)
     return torch.ops.mok.fused_forward(*args, token_capacity=token_capacity)
 
 

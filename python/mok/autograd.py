@@ -22,6 +22,11 @@
                      world's layer, mok.distributed.FusedMoEWorld, has one:
                      mok/ep_backward.py, through an autograd.Function.)
 
+The formulas are registered with torch.library (what torch.compile traces);
+in eager mode mok.fused_forward reaches the same setup and backward functions
+through mok/eager_autograd.py's autograd.Functions, which skip
+torch.library's per-call wrapper (host time only; the same bits).
+
 Recompute mode (save_activations=False, mok.fused_forward's default) with
 MOK_BACKWARD=fused, on CUDA tensors, where autograd records the call (grad
 mode on, some input requiring grad): mok.fused_forward runs

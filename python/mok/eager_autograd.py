@@ -1,0 +1,159 @@
+"""The fused forward's autograd in eager mode, without torch.library's wrapper.
+
+torch.library.register_autograd (mok/autograd.py registers the formulas that
+way, which is what torch.compile traces) runs every call of a recorded op
+through a generic Python wrapper: the op's list arguments are flattened and
+rebuilt with pytree, its defaults filled in from the schema, its outputs
+flattened again, and the same in the backward. For mok's ops, with five
+per-rank lists each, that wrapper costs several times the op's own host
+time (docs/perf-notes.md v3: ~250 of ~290 us a forward, ~180 of ~300 us a
+backward on the CPU machine's profile). On a small layer, whose kernels run
+for about a millisecond, the host then becomes the bottleneck of a training
+loop.
+
+So in eager mode, where autograd records the call, mok.fused_forward goes
+through the two autograd.Functions below instead: they take the per-rank
+lists flattened by hand, call the same op below autograd, and run the same
+setup_context and backward functions as the registered formulas (in
+mok/autograd.py), so the saved state, the gradients and their bits are the
+registered path's. Under torch.compile, or with MOK_EAGER_AUTOGRAD=0, the op
+is called as registered. Either way the kernels and what they compute are
+the same; only the host's bookkeeping differs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import autograd
+
+# The structured needs_input_grad the backward functions read: x, expert_ids,
+# weights, w13, w2 (per-rank lists), shared_w13, shared_w2; then one False per
+# non-tensor argument they may be cut to (_fit returns as many entries).
+_LISTS = 5
+_TAIL = 5  # num_experts, tuning, check_errors, (keep_preact,) token_capacity: never differentiable
+
+
+def enabled() -> bool:
+    """Whether mok.fused_forward uses these Functions (eager mode, not
+    disabled by MOK_EAGER_AUTOGRAD=0)."""
+    if torch.compiler.is_compiling():
+        return False
+    return os.environ.get("MOK_EAGER_AUTOGRAD", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def applies(x, expert_ids, weights, w13, w2, shared_w13, shared_w2) -> bool:
+    """Whether a mok.fused_forward call with these (list) arguments goes
+    through the Functions here: enabled(), autograd records it (grad mode on,
+    some tensor requires grad), and the per-rank lists are well formed (one
+    tensor per rank each), so that flattening them by hand cannot misplace a
+    tensor; a malformed call goes to the op, whose checks name what is wrong."""
+    if not torch.is_grad_enabled() or not enabled():
+        return False
+    R = len(x)
+    lists = (x, expert_ids, weights, w13, w2)
+    if R == 0 or any(len(group) != R or not all(isinstance(t, torch.Tensor) for t in group) for group in lists):
+        return False
+    if any(t is not None and not isinstance(t, torch.Tensor) for t in (shared_w13, shared_w2)):
+        return False
+    return any(t.requires_grad for group in (x, weights, w13, w2) for t in group) or any(
+        t is not None and t.requires_grad for t in (shared_w13, shared_w2))
+
+
+def _flatten(x, expert_ids, weights, w13, w2, shared_w13, shared_w2) -> tuple:
+    return (*x, *expert_ids, *weights, *w13, *w2, shared_w13, shared_w2)
+
+
+def _lists(flat, R):
+    """The flattened inputs back into (x, expert_ids, weights, w13, w2), shared_w13, shared_w2."""
+    lists = tuple(list(flat[i * R:(i + 1) * R]) for i in range(_LISTS))
+    return lists, flat[_LISTS * R], flat[_LISTS * R + 1]
+
+
+def _structured_needs(flat_needs, R):
+    (x, ids, w, w13, w2), sw13, sw2 = _lists(flat_needs, R)
+    return (x, ids, w, w13, w2, sw13, sw2) + (False,) * _TAIL
+
+
+def _flat_grads(grads, R):
+    """The backward functions' structured result, flattened as the inputs were
+    (one gradient per per-rank tensor, then the shared expert's two)."""
+    flat = [None]  # the spec argument
+    for i in range(_LISTS):
+        flat += list(grads[i]) if grads[i] is not None else [None] * R
+    flat += [grads[_LISTS], grads[_LISTS + 1]]
+    return tuple(flat)
+
+
+def _backward(ctx, backward_fn, douts):
+    R = ctx.world
+    flat_needs = ctx.needs_input_grad
+    ctx.needs_input_grad = _structured_needs(flat_needs[1:], R)
+    try:
+        grads = backward_fn(ctx, douts)
+    finally:
+        ctx.needs_input_grad = flat_needs  # a retained graph's next backward reads it again
+    return _flat_grads(grads, R)
+
+
+class FusedForward(torch.autograd.Function):
+    """torch.ops.mok.fused_forward with mok/autograd.py's formula (the staged
+    backward, recompute mode)."""
+
+    @staticmethod
+    def forward(ctx, spec, *flat):
+        R, num_experts, tuning, check_errors, token_capacity = spec
+        (x, ids, w, w13, w2), shared_w13, shared_w2 = _lists(flat, R)
+        out = torch.ops.mok.fused_forward(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                                          check_errors, token_capacity=token_capacity)
+        inputs = (x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors, token_capacity)
+        autograd._setup_fused_forward(ctx, inputs, out)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *douts):
+        return _backward(ctx, autograd._fused_forward_backward, list(douts))
+
+
+class FusedForwardTrain(torch.autograd.Function):
+    """torch.ops.mok.fused_forward_train with mok/autograd.py's formula (save
+    mode, or the fused backward kernel's recompute mode with keep_preact
+    False). Returns every output flattened: out (one per rank) first."""
+
+    @staticmethod
+    def forward(ctx, spec, *flat):
+        R, num_experts, tuning, check_errors, keep_preact, token_capacity = spec
+        (x, ids, w, w13, w2), shared_w13, shared_w2 = _lists(flat, R)
+        result = torch.ops.mok.fused_forward_train(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                                                   check_errors, keep_preact=keep_preact,
+                                                   token_capacity=token_capacity)
+        inputs = (x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors, keep_preact,
+                  token_capacity)
+        autograd._setup_fused_forward_train(ctx, inputs, result)
+        return tuple(t for group in result for t in group)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # Only out's gradients (the first R) matter; the kept outputs' are None.
+        return _backward(ctx, autograd._fused_forward_train_backward, list(grads[:ctx.world]))
+
+
+def fused_forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors,
+                  token_capacity):
+    """[out[r]]: torch.ops.mok.fused_forward's result, through FusedForward."""
+    spec = (len(x), num_experts, tuning, check_errors, token_capacity)
+    return list(FusedForward.apply(spec, *_flatten(x, expert_ids, weights, w13, w2, shared_w13, shared_w2)))
+
+
+def fused_forward_train_out(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                            check_errors, keep_preact, token_capacity):
+    """[out[r]] of torch.ops.mok.fused_forward_train, through FusedForwardTrain
+    (what it kept stays in the autograd graph)."""
+    spec = (len(x), num_experts, tuning, check_errors, keep_preact, token_capacity)
+    flat = FusedForwardTrain.apply(spec, *_flatten(x, expert_ids, weights, w13, w2, shared_w13, shared_w2))
+    return list(flat[:len(x)])
+
+
+__all__ = ["FusedForward", "FusedForwardTrain", "applies", "enabled", "fused_forward", "fused_forward_train_out"]
