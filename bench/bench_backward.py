@@ -23,8 +23,9 @@ host's launches leave the GPU idle.
 --host-ahead also times the backward and the forward+backward with the host
 ahead of the GPU (bench_timing.py: a sleep kernel keeps the GPU busy while the
 call is enqueued, as in a training loop), which leaves out the host's time to
-the first kernel, and prints those ratios in a second table. The first table
-(calls from an idle GPU) stays the headline figure.
+the first kernel, and prints those ratios in a second table, and each side's
+host time per forward and backward call (bench_timing.host_ms). The first
+table (calls from an idle GPU) stays the headline figure.
 
 --wild runs bench_fused_forward.WILD_SHAPES (layers of released models)
 instead of the presets, uniform routing only.
@@ -43,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fused_forward import (SHAPES, WILD_SHAPES, dense_peak_tflops, forward_flops, make_layer,  # noqa: E402
                                  paired_ms, torch_native)
+from bench_timing import host_ms  # noqa: E402
 import mok  # noqa: E402  (bench_fused_forward put python/ on the path)
 
 
@@ -176,6 +178,12 @@ def main():
                 ahead_rows.append((label, ab_n, ab_m, afb_n, afb_m, fwd_flops))
                 print(f"{label}, host ahead: backward native {ab_n:.3f} ms, mok {ab_m:.3f} ms; "
                       f"forward+backward native {afb_n:.3f} ms, mok {afb_m:.3f} ms", flush=True)
+                hosts = [host_ms(fn) for fn in (
+                    lambda: native_forward(native_layer), lambda: mok_forward(mok_layer, args.save),
+                    lambda: torch.autograd.grad(out_n, native_inputs, dout, retain_graph=True),
+                    lambda: torch.autograd.grad(out_m, mok_inputs, dout, retain_graph=True))]
+                print(f"{label}, host time of one call (bench_timing.host_ms): forward native {hosts[0]:.3f} ms, "
+                      f"mok {hosts[1]:.3f} ms; backward native {hosts[2]:.3f} ms, mok {hosts[3]:.3f} ms", flush=True)
             if args.breakdown:
                 tf_n, tf_m = paired_ms(lambda: native_forward(native_layer), lambda: mok_forward(mok_layer, args.save))
                 print(f"{label}: forward alone (recording for autograd) native {tf_n:.3f} ms, mok {tf_m:.3f} ms; "

@@ -32,3 +32,20 @@ def event_ms(fn, host_ahead: bool = False) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end)
+
+
+def host_ms(fn, calls: int = 9) -> float:
+    """Median wall time on the host of one call of fn, each started from an
+    idle GPU: the host's own work (Python, checks, launches); a call that
+    reads a result back also waits there for its own kernels."""
+    import statistics
+    import time
+
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
