@@ -23,6 +23,9 @@ const std::vector<LayerShape>& layer_shapes() {
       // world::forward_n_major_kinds).
       {"mixtral-8x7b", 4096, 14336, 8, 2, 0, "Mixtral-8x7B, the whole layer"},
       {"llama4-scout-ep2-slice", 5120, 8192, 8, 1, 1, "Llama 4 Scout, 8 local experts"},
+      // A shared expert four routed ones wide (5632): half the layer's FLOPs;
+      // 273 rows an expert at T 4096, so 29% of the routed tiles' rows pad.
+      {"qwen1.5-moe-a2.7b", 2048, 1408, 60, 4, 4, "Qwen1.5-MoE-A2.7B, the whole layer"},
       // Test shapes: small enough for the CPU reference.
       {"tiny", 64, 64, 4, 2, 1, "test: smallest legal dims"},
       {"small", 256, 128, 8, 2, 1, "test"},
