@@ -136,7 +136,15 @@ struct BackwardPass : BackwardCommon {
     kSharedGrad, kSharedDx, kGrad, kDx, kWeightGrad13, kWeightGrad2, kSharedWeightGrad13, kSharedWeightGrad2, kNumKinds
   };
   static constexpr int32_t kNumCounters = kCommonCounters;
-  static constexpr const CounterSpec (&kCounters)[kNumCounters] = kCommonCounterSpecs;
+  // An array of its own, not a reference to the common one: device code may
+  // not name a host reference member (nvcc warning 20094 where the host's
+  // counter carving is compiled for both sides).
+  static constexpr CounterSpec kCounters[kNumCounters] = {
+      kCommonCounterSpecs[kRowsFilled],      kCommonCounterSpecs[kD13Ready],   kCommonCounterSpecs[kExpertRowsDone],
+      kCommonCounterSpecs[kSharedD13Ready],  kCommonCounterSpecs[kSharedDone], kCommonCounterSpecs[kDxDone],
+      kCommonCounterSpecs[kSharedGradDone],
+  };
+  static_assert(kCommonCounters == 7, "BackwardPass::kCounters lists every common counter");
 
   static constexpr TaskKindSpec kKinds[kNumKinds] = {
       shared_grad_kind({}),  // kSharedGrad: waits for nothing (its operands are inputs)
