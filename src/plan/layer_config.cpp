@@ -68,7 +68,10 @@ std::string describe(const LayerConfig& c) {
                   " top_k=" + to_string(c.top_k) + " shared=" + to_string(c.num_shared_experts) + "x" +
                   to_string(c.shared_width() / std::max(1, c.num_shared_experts)) + " R=" + to_string(c.world_size) +
                   " T=[";
-  for (size_t r = 0; r < c.tokens_per_rank.size(); ++r) s += (r ? "," : "") + to_string(c.tokens_per_rank[r]);
+  for (size_t r = 0; r < c.tokens_per_rank.size(); ++r) {
+    if (r > 0) s += ',';
+    s += to_string(c.tokens_per_rank[r]);
+  }
   return s + "] dtype=" + dtype_name(c.dtype);
 }
 

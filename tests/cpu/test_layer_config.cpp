@@ -108,3 +108,11 @@ TEST(LayerConfig, ForwardFlopsCountRoutedAndShared) {
 }
 
 }  // namespace
+
+TEST(LayerConfig, DescribeListsEveryRanksTokens) {
+  mok::LayerConfig config = mok::make_config(mok::find_shape("small"), 2, 300);
+  config.tokens_per_rank = {300, 0};
+  const std::string text = mok::describe(config);
+  EXPECT_NE(text.find("T=[300,0]"), std::string::npos) << text;
+  EXPECT_NE(text.find("R=2"), std::string::npos) << text;
+}
