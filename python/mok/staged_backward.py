@@ -149,33 +149,49 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     r * saved rows) as a Schedule of the grouped kernels: its padded groups,
     and for padding rows and the unused tail of each rank's rows, token 0 and
     the dummy entry T k (they belong to no group, so nothing reads what they
-    gather). No host synchronisation."""
+    gather). No host synchronisation.
+
+    It runs in the training forward's setup_context, once per recorded call,
+    and every op here is a launch the host pays for; so the ops are few
+    (scalars where a tensor of them would be one more launch, and nothing for
+    what is already in the right form at R = 1), all integer arithmetic."""
     R = len(saved.schedule_rows)
     cap = saved.schedule_rows[0].shape[0]
     El = saved.expert_rows[0].shape[0]
     device = saved.schedule_rows[0].device
-    T = sum(tokens_per_rank)
-    rows = torch.cat(list(saved.schedule_rows)).long()
+    T = sum(int(t) for t in tokens_per_rank)
+    rows = (saved.schedule_rows[0] if R == 1 else torch.cat(list(saved.schedule_rows))).long()
     home, token, slot = rows.unbind(1)
+    # Rows before each rank's schedule end; the rest of its capacity is unused.
+    if R == 1:
+        in_schedule = torch.arange(cap, device=device) < saved.expert_offset[0][El]
+    else:
+        in_schedule = (torch.arange(cap, device=device).unsqueeze(0)
+                       < torch.stack([offsets[El] for offsets in saved.expert_offset]).unsqueeze(1)).reshape(-1)
+    real = in_schedule & (home >= 0)
     # The home rank's first global token, from Python ints (no torch.tensor of
     # a list: under torch.compile this code is traced with fake tensors).
-    first_of_home = torch.zeros_like(token)
+    global_token = token
     first = 0
     for r, count in enumerate(tokens_per_rank):
-        first_of_home = first_of_home + (home == r).long() * first
+        if first > 0:
+            global_token = global_token + (home == r).long() * first
         first += int(count)
-    in_schedule = torch.cat([torch.arange(cap, device=device) < offsets[El].long() for offsets in saved.expert_offset])
-    real = in_schedule & (home >= 0)
-    token_of_row = torch.where(real, first_of_home + token, torch.zeros_like(token))
-    entry_of_row = torch.where(real, token_of_row * top_k + slot, torch.full_like(token, T * top_k))
+    token_of_row = torch.where(real, global_token, 0)
+    entry_of_row = torch.where(real, token_of_row * top_k + slot, T * top_k)
     # Each real entry has exactly one row; the dummy entry takes every other
-    # row (whichever lands there is never read).
+    # row (whichever lands there is never read). Zeros first: an entry a bad
+    # expert id kept out of the schedule then points at row 0, not at garbage.
     row_of_entry = torch.zeros(T * top_k + 1, dtype=torch.long, device=device)
     row_of_entry.index_put_((entry_of_row,), torch.arange(R * cap, device=device))
-    group_offset = torch.cat([offsets[:El] + r * cap for r, offsets in enumerate(saved.expert_offset)]
-                             + [saved.expert_offset[-1][El:] + (R - 1) * cap]).to(torch.int32)
-    group_rows = torch.cat(list(saved.expert_rows)).to(torch.int32)
-    return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset, group_rows)
+    if R == 1:  # the forward's own offsets and counts, already int32
+        group_offset, group_rows = saved.expert_offset[0], saved.expert_rows[0]
+    else:
+        group_offset = torch.cat([offsets[:El] + r * cap for r, offsets in enumerate(saved.expert_offset)]
+                                 + [saved.expert_offset[-1][El:] + (R - 1) * cap])
+        group_rows = torch.cat(list(saved.expert_rows))
+    return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset.to(torch.int32),
+                    group_rows.to(torch.int32))
 
 
 def _weight_grads(ops: BackwardOps, pairs, group_offset, group_rows, groups, grad_dtype):

@@ -93,6 +93,44 @@ def test_saved_schedule_masks_padding_and_the_unused_tail():
     assert (s.entry_of_row[in_group] < T * k).all()
 
 
+def _loop_schedule(saved, tokens_per_rank, k):
+    """saved_schedule's definition, one row at a time in Python."""
+    R, cap, El = len(saved.schedule_rows), saved.schedule_rows[0].shape[0], saved.expert_rows[0].shape[0]
+    T = sum(tokens_per_rank)
+    firsts = [sum(tokens_per_rank[:r]) for r in range(R)]
+    entry_of_row, token_of_row = [], []
+    row_of_entry = [0] * (T * k)
+    for i in range(R * cap):
+        r, local = divmod(i, cap)
+        home, token, slot = (int(v) for v in saved.schedule_rows[r][local])
+        real = local < int(saved.expert_offset[r][El]) and home >= 0
+        token_of_row.append(firsts[home] + token if real else 0)
+        entry_of_row.append(token_of_row[-1] * k + slot if real else T * k)
+        if real:
+            row_of_entry[entry_of_row[-1]] = i
+    group_offset = [int(o) + r * cap for r in range(R) for o in saved.expert_offset[r][:El]]
+    group_offset.append(int(saved.expert_offset[-1][El]) + (R - 1) * cap)
+    group_rows = [int(c) for r in range(R) for c in saved.expert_rows[r]]
+    return entry_of_row, row_of_entry, token_of_row, group_offset, group_rows
+
+
+@pytest.mark.parametrize("R, T, k, E", [(1, 20, 2, 4), (2, 20, 2, 4), (3, 17, 3, 6), (2, 3, 1, 2), (4, 9, 2, 8)])
+def test_saved_schedule_is_its_definition_row_by_row(R, T, k, E):
+    """Every field, every row (padding and the unused tails included),
+    against a loop over the rows; and the dtypes the grouped kernels take."""
+    layer = random_global_layer(T, 64, 64, E, k, 0, seed=R * 100 + T)
+    xs, ids, ws, w13s, w2s, sw13, sw2 = split_world(layer, R)
+    kept = reference_forward_train(xs, ids, ws, w13s, w2s, sw13, sw2, E)[1:]
+    saved = staged_backward.SavedForward(*kept)
+    tokens = [t.shape[0] for t in xs]
+    s = staged_backward.saved_schedule(saved, tokens, k)
+    want = _loop_schedule(saved, tokens, k)
+    for name, got, expected in zip(("entry_of_row", "row_of_entry", "token_of_row", "group_offset", "group_rows"),
+                                   s, want):
+        assert got.tolist() == expected, name
+    assert [t.dtype for t in s] == [torch.long] * 3 + [torch.int32] * 2
+
+
 def test_the_training_op_has_a_fake_kernel_of_the_right_shapes():
     T, H, I, E, k, S = 16, 64, 64, 4, 2, 64
     meta = dict(device="meta")
