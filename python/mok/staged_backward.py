@@ -159,7 +159,7 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     cap = saved.schedule_rows[0].shape[0]
     El = saved.expert_rows[0].shape[0]
     device = saved.schedule_rows[0].device
-    T = sum(int(t) for t in tokens_per_rank)
+    T = sum(tokens_per_rank)
     rows = (saved.schedule_rows[0] if R == 1 else torch.cat(list(saved.schedule_rows))).long()
     home, token, slot = rows.unbind(1)
     # Rows before each rank's schedule end; the rest of its capacity is unused.
