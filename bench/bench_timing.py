@@ -13,6 +13,9 @@ Two ways to time one call:
 """
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 
 # GPU cycles of the sleep kernel in host-ahead timing: ~10-15 ms at the
@@ -38,9 +41,6 @@ def host_ms(fn, calls: int = 9) -> float:
     """Median wall time on the host of one call of fn, each started from an
     idle GPU: the host's own work (Python, checks, launches); a call that
     reads a result back also waits there for its own kernels."""
-    import statistics
-    import time
-
     times = []
     for _ in range(calls):
         torch.cuda.synchronize()

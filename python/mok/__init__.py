@@ -245,12 +245,13 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
             tuning_list(options), check_errors)
     # Recorded by autograd in eager mode: the same ops and formulas without
     # torch.library's per-call wrapper (mok/eager_autograd.py says why).
-    eager = _eager_autograd.applies(*args[:7])
+    recorded = _autograd.records_grad(x, weights, w13, w2, shared_w13, shared_w2)
+    eager = _eager_autograd.applies(*args[:7], recorded=recorded)
     if save_activations:
         if eager:
             return _eager_autograd.fused_forward_train_out(*args, True, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, token_capacity=token_capacity)[0]
-    if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2):
+    if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2, recorded=recorded):
         # Recompute mode of the fused backward kernel: the schedule only.
         if eager:
             return _eager_autograd.fused_forward_train_out(*args, False, token_capacity)

@@ -189,18 +189,24 @@ def backward_path(device: torch.device) -> str:
     return "fused" if runs else "staged"
 
 
-def fused_recompute(x, *differentiable) -> bool:
-    """Whether mok.fused_forward in recompute mode (save_activations=False)
-    runs fused_forward_train(..., keep_preact=False) for the fused backward
-    kernel's recompute mode: autograd records the call (grad mode on, some
-    tensor of x or of `differentiable` -- lists of tensors, tensors, or None
-    -- requires grad) and backward_path is "fused" (MOK_BACKWARD=fused; CUDA
-    tensors, else it raises). Otherwise the plain op and the staged backward.
-    Read when the forward runs; under torch.compile, when it is traced."""
+def records_grad(*groups) -> bool:
+    """Whether autograd records a call on these arguments: grad mode on, and
+    some tensor of `groups` (lists of tensors, tensors, or None) requires grad."""
     if not torch.is_grad_enabled():
         return False
-    tensors = [t for group in (x, *differentiable) for t in (group if isinstance(group, (list, tuple)) else [group])]
-    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+    return any(isinstance(t, torch.Tensor) and t.requires_grad
+               for group in groups for t in (group if isinstance(group, (list, tuple)) else [group]))
+
+
+def fused_recompute(x, *differentiable, recorded: bool | None = None) -> bool:
+    """Whether mok.fused_forward in recompute mode (save_activations=False)
+    runs fused_forward_train(..., keep_preact=False) for the fused backward
+    kernel's recompute mode: autograd records the call (records_grad of x and
+    `differentiable`, or `recorded` when the caller has it already) and
+    backward_path is "fused" (MOK_BACKWARD=fused; CUDA tensors, else it
+    raises). Otherwise the plain op and the staged backward. Read when the
+    forward runs; under torch.compile, when it is traced."""
+    if not (records_grad(x, *differentiable) if recorded is None else recorded):
         return False
     if not isinstance(x, (list, tuple)) or not x or not isinstance(x[0], torch.Tensor):
         return False  # malformed: the plain op names what is wrong

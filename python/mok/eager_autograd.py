@@ -7,8 +7,9 @@ rebuilt with pytree, its defaults filled in from the schema, its outputs
 flattened again, and the same in the backward. For mok's ops, with five
 per-rank lists each, that wrapper costs several times the op's own host
 time (docs/perf-notes.md v3: on the CPU machine, with the ops stubbed, a
-recorded forward takes 163 us through it and 62 us here, its backward 153
-and 113 us). On a small layer, whose kernels run for about a millisecond,
+recorded forward takes 163-316 us through it and 62-145 us here, its
+backward 153-382 and 113-268 us; a noisy two-core machine, five paired
+runs). On a small layer, whose kernels run for about a millisecond,
 the host's time per call decides whether a training loop keeps the GPU busy.
 
 So in eager mode, where autograd records the call, mok.fused_forward goes
@@ -44,22 +45,22 @@ def enabled() -> bool:
     return os.environ.get("MOK_EAGER_AUTOGRAD", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def applies(x, expert_ids, weights, w13, w2, shared_w13, shared_w2) -> bool:
+def applies(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *, recorded: bool | None = None) -> bool:
     """Whether a mok.fused_forward call with these (list) arguments goes
-    through the Functions here: enabled(), autograd records it (grad mode on,
-    some tensor requires grad), and the per-rank lists are well formed (one
-    tensor per rank each), so that flattening them by hand cannot misplace a
-    tensor; a malformed call goes to the op, whose checks name what is wrong."""
-    if not torch.is_grad_enabled() or not enabled():
+    through the Functions here: autograd records it (autograd.records_grad,
+    or `recorded` when the caller has it already), enabled(), and the per-rank
+    lists are well formed (one tensor per rank each), so that flattening them
+    by hand cannot misplace a tensor; a malformed call goes to the op, whose
+    checks name what is wrong."""
+    if recorded is None:
+        recorded = autograd.records_grad(x, weights, w13, w2, shared_w13, shared_w2)
+    if not recorded or not enabled():
         return False
     R = len(x)
     lists = (x, expert_ids, weights, w13, w2)
     if R == 0 or any(len(group) != R or not all(isinstance(t, torch.Tensor) for t in group) for group in lists):
         return False
-    if any(t is not None and not isinstance(t, torch.Tensor) for t in (shared_w13, shared_w2)):
-        return False
-    return any(t.requires_grad for group in (x, weights, w13, w2) for t in group) or any(
-        t is not None and t.requires_grad for t in (shared_w13, shared_w2))
+    return all(t is None or isinstance(t, torch.Tensor) for t in (shared_w13, shared_w2))
 
 
 def _flatten(x, expert_ids, weights, w13, w2, shared_w13, shared_w2) -> tuple:
