@@ -27,11 +27,17 @@ the first kernel, and prints those ratios in a second table, and each side's
 host time per forward and backward call (bench_timing.host_ms). The first
 table (calls from an idle GPU) stays the headline figure.
 
+--modes also times mok's two training modes against each other, paired in
+the same run: recompute mode's backward and forward+backward over save
+mode's (issue 14's recompute target). A mode is what the training forward
+keeps and the backward does with it, so the forward+backward ratio is the
+one a training step sees; the backward alone is printed beside it.
+
 --wild runs bench_fused_forward.WILD_SHAPES (layers of released models)
 instead of the presets, uniform routing only.
 
 usage: python3 bench/bench_backward.py [--quick | --wild] [--no-profile] [--save] [--backward staged|fused]
-                                      [--breakdown] [--host-ahead]
+                                      [--breakdown] [--host-ahead] [--modes]
 """
 from __future__ import annotations
 
@@ -100,6 +106,18 @@ def profile_step(step):
     print(f"  mok forward+backward step (profiled): GPU busy {busy:.3f} ms of {wall:.3f} ms wall, {kernels} kernels")
 
 
+def time_modes(layer, inputs, dout):
+    """(backward save, backward recompute, f+b save, f+b recompute) in ms:
+    each pair timed in alternating rounds (paired_ms)."""
+    out_s, out_r = mok_forward(layer, True), mok_forward(layer, False)
+    tb_s, tb_r = paired_ms(lambda: torch.autograd.grad(out_s, inputs, dout, retain_graph=True),
+                           lambda: torch.autograd.grad(out_r, inputs, dout, retain_graph=True))
+    del out_s, out_r
+    tfb_s, tfb_r = paired_ms(lambda: torch.autograd.grad(mok_forward(layer, True), inputs, dout),
+                             lambda: torch.autograd.grad(mok_forward(layer, False), inputs, dout))
+    return tb_s, tb_r, tfb_s, tfb_r
+
+
 def print_table(rows, peak):
     print()
     print(f"{'shape':<28} {'bwd native':>10} {'bwd mok':>8} {'ratio':>6} {'TFLOP/s':>8} {'% peak':>7}"
@@ -122,6 +140,8 @@ def main():
                         help="time the forwards alone and profile one mok forward+backward step")
     parser.add_argument("--host-ahead", action="store_true",
                         help="also time with the host ahead of the GPU (no host latency before the first kernel)")
+    parser.add_argument("--modes", action="store_true",
+                        help="also time recompute mode against save mode (backward and forward+backward, paired)")
     parser.add_argument("--backward", choices=("staged", "fused"), default=None,
                         help="mok's backward (sets MOK_BACKWARD; fused needs --save); default: the autograd's own")
     args = parser.parse_args()
@@ -137,6 +157,7 @@ def main():
     shapes = WILD_SHAPES if args.wild else SHAPES[:1] if args.quick else SHAPES
     rows = []
     ahead_rows = []
+    mode_rows = []
     failed = []
     for name, T, H, I, E, k, shared in shapes:
         for skew in (False,) if args.wild else (False, True):
@@ -184,6 +205,8 @@ def main():
                     lambda: torch.autograd.grad(out_m, mok_inputs, dout, retain_graph=True))]
                 print(f"{label}, host time of one call (bench_timing.host_ms): forward native {hosts[0]:.3f} ms, "
                       f"mok {hosts[1]:.3f} ms; backward native {hosts[2]:.3f} ms, mok {hosts[3]:.3f} ms", flush=True)
+            if args.modes:
+                mode_rows.append((label, *time_modes(mok_layer, mok_inputs, dout)))
             if args.breakdown:
                 tf_n, tf_m = paired_ms(lambda: native_forward(native_layer), lambda: mok_forward(mok_layer, args.save))
                 print(f"{label}: forward alone (recording for autograd) native {tf_n:.3f} ms, mok {tf_m:.3f} ms; "
@@ -200,6 +223,12 @@ def main():
     if ahead_rows:
         print("\nwith the host ahead of the GPU (no host latency before the first kernel; bench_timing.py):")
         print_table(ahead_rows, peak)
+    if mode_rows:
+        print("\nrecompute mode against save mode (paired in this run):")
+        print(f"{'shape':<28} {'bwd save':>9} {'bwd rec':>8} {'ratio':>6} {'f+b save':>9} {'f+b rec':>8} {'ratio':>6}")
+        for label, tb_s, tb_r, tfb_s, tfb_r in mode_rows:
+            print(f"{label:<28} {tb_s:>9.3f} {tb_r:>8.3f} {tb_r / tb_s:>6.3f} {tfb_s:>9.3f} {tfb_r:>8.3f} "
+                  f"{tfb_r / tfb_s:>6.3f}")
     if failed:
         sys.exit(f"failed: {', '.join(failed)}")
 
