@@ -25,6 +25,7 @@
 
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
+#include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/stmatrix.cuh"
 #include "device/ptx/vector_io.cuh"
 #include "device/sched/grouped_tiles.cuh"
@@ -253,6 +254,30 @@ __device__ __forceinline__ void store_swiglu_backward_tile(const float (&acc)[Cf
       float* const to = part_address(row);
       if (to != nullptr) *to = p;
     }
+  }
+}
+
+// Lane `lane` of a warp's share of bringing a tile's epilogue inputs into
+// L2 ahead of the epilogue: the gate and up segments (the tile's columns, 512
+// bytes each at 256 columns) of every real row, rows lane, lane + 32, ...,
+// and (lane 0) the rows' weights.
+// The epilogue reads each line once, through L2, with only one half-slab's
+// loads ahead of their use, so straight from DRAM most of their latency is
+// exposed; a prefetch issued a few k-blocks before the K loop ends lets them
+// hit L2. Only a hint: nothing waits for it and no bit depends on it.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_swiglu_backward_inputs(const GemmTile& tile, const SwigluBackwardOutputs& o,
+                                                                int lane) {
+  if (tile.n0 >= o.n) return;
+  if (lane == 0 && o.row_scale != nullptr) {  // the rows' weights, in whole 16-byte chunks (none past the end)
+    const uint32_t scale_bytes = static_cast<uint32_t>((tile.row_end - tile.row0) * 4) & ~15u;
+    if (tile.row0 % 4 == 0 && scale_bytes > 0) bulk_prefetch_l2(o.row_scale + tile.row0, scale_bytes);
+  }
+  const uint32_t bytes = static_cast<uint32_t>(min(Cfg::kOutCols, o.n - tile.n0)) * 2;  // n: a multiple of 64
+  for (int row = tile.row0 + lane; row < tile.row_end; row += 32) {
+    const uint16_t* const gate = o.preact + static_cast<int64_t>(row) * 2 * o.n + tile.n0;
+    bulk_prefetch_l2(gate, bytes);
+    bulk_prefetch_l2(gate + o.n, bytes);
   }
 }
 

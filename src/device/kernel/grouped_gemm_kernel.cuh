@@ -109,7 +109,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
+      // The whole first warp walks the tiles: lane 0 loads each, then every
+      // lane prefetches a share of its epilogue's inputs. When load_tile
+      // returns, the consumers are at most kStages k-blocks from the end of
+      // that tile's K loop: early enough for DRAM, late enough that the
+      // operands streaming through L2 meanwhile do not evict them.
+      if (threadIdx.x < 32) {
+        const int lane = static_cast<int>(threadIdx.x);
+        GemmTile tile;
+        while (walker.next(tile)) {
+          tile.n0 += n_shift;
+          if (lane == 0) load_tile<Cfg>(maps, smem, ring, tile, k_blocks);
+          __syncwarp();
+          prefetch_swiglu_backward_inputs<Cfg>(tile, params.swiglu_backward, lane);
+        }
+      }
+    } else if (threadIdx.x == 0) {
       GemmTile tile;
       while (walker.next(tile)) {
         tile.n0 += n_shift;

@@ -31,6 +31,14 @@ __device__ __forceinline__ void tma_store_2d(const void* tensor_map, const void*
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coords, smem_src);
 }
 
+// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned start) of
+// global memory, without waiting and without a barrier: a hint, so reads
+// issued later hit L2 instead of waiting on DRAM. CCCL 13.0's cuda::ptx has
+// no wrapper for cp.async.bulk.prefetch.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem_src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Until at most N committed groups still read their shared source.
