@@ -16,9 +16,10 @@ with MOK_BACKWARD=fused and --save the fused backward kernel
 (torch.profiler) is printed too.
 
 --breakdown also times each side's forward alone (recording for autograd, as
-in the forward+backward step) and profiles one mok forward+backward step: the
-GPU's busy time against the step's wall time says how much of the step the
-host's launches leave the GPU idle.
+in the forward+backward step) and profiles one mok forward+backward step: its
+kernels in time order with the idle gap before each, and the GPU's busy time
+against the step's span and wall time (how much of the step the host's
+launches leave the GPU idle).
 
 --host-ahead also times the backward and the forward+backward with the host
 ahead of the GPU (bench_timing.py: a sleep kernel keeps the GPU busy while the
@@ -89,9 +90,12 @@ def profile_backward(out, inputs, dout, top=12):
         print(f"    {e.device_time_total / 1e3:8.3f} ms {100 * e.device_time_total / total:5.1f}%  x{e.count:<3} {e.key[:90]}")
 
 
-def profile_step(step):
-    """GPU busy time (the sum of the kernels' times; one stream, so they do
-    not overlap) against the wall time of one forward+backward step."""
+def profile_step(step, min_us=20.0):
+    """One forward+backward step under the profiler: its kernels in time
+    order with the idle gap before each (those longer than min_us, or after
+    a gap of 10 us or more), then the GPU's busy time (one stream: kernels do
+    not overlap) against the span from the first kernel's start to the last
+    one's end, and against the step's wall time from the host's first call."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -100,10 +104,24 @@ def profile_step(step):
         step()
         end.record()
         torch.cuda.synchronize()
-    busy = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / 1e3
-    kernels = sum(e.count for e in prof.key_averages() if e.device_time_total > 0)
     wall = start.elapsed_time(end)
-    print(f"  mok forward+backward step (profiled): GPU busy {busy:.3f} ms of {wall:.3f} ms wall, {kernels} kernels")
+    kernels = sorted((e for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        print("  mok forward+backward step (profiled): no GPU events recorded")
+        return
+    first = prev_end = kernels[0].time_range.start
+    busy = 0.0
+    print("  mok forward+backward step (profiled), kernels in order (start ms, gap before us, ms):")
+    for e in kernels:
+        gap, duration = e.time_range.start - prev_end, e.time_range.end - e.time_range.start
+        busy += duration
+        if duration >= min_us or gap >= 10:
+            print(f"    {(e.time_range.start - first) / 1e3:7.3f} {gap:7.1f} {duration / 1e3:7.3f}  {e.name[:80]}")
+        prev_end = max(prev_end, e.time_range.end)
+    print(f"  GPU busy {busy / 1e3:.3f} ms of a {(prev_end - first) / 1e3:.3f} ms span, {wall:.3f} ms wall, "
+          f"{len(kernels)} kernels")
 
 
 def time_modes(layer, inputs, dout):
