@@ -55,7 +55,7 @@ std::vector<int> capacity_counts(const std::vector<int>& tokens, int64_t token_c
   if (token_capacity == 0) return tokens;
   const int capacity = checked_int(token_capacity, "token_capacity");
   for (size_t r = 0; r < tokens.size(); ++r) {
-    expect(tokens[r] <= capacity, "x" + at_rank(static_cast<int64_t>(r)) + " has " + num(tokens[r]) +
+    expect(tokens[r] <= capacity, std::string("x") + at_rank(static_cast<int64_t>(r)) + " has " + num(tokens[r]) +
                                       " tokens, more than token_capacity = " + num(token_capacity));
   }
   return std::vector<int>(tokens.size(), capacity);
