@@ -12,6 +12,10 @@ experts in global order):
              gradients sum in, the same at any world size), no padding
   preact     = grouped_mm(x_rows, W13)                  [gate | up], recomputed
   d13, w*h, dw = swiglu_backward_mm(dout_rows, W2, preact, w_rows)
+             (x_rows, dout_rows: x's and dout's rows in schedule order; with
+             MOK_GATHER_ON_LOAD=1 the kernels read them through the
+             schedule's token index as they load them: no gathered copies,
+             except x's rows for the recompute)
   dx_j       = grouped_mm_kn(d13, W13)                  one bf16 row per (token, slot)
   dx         = row_combine(dx_j, dx_shared)             dx_shared + dx_0 + ... + dx_{k-1}: fp32,
                                                         slots in order, one bf16 rounding
@@ -31,6 +35,7 @@ the CPU tests check it against torch autograd.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, NamedTuple
 
 import torch
@@ -41,10 +46,10 @@ class BackwardOps(NamedTuple):
     signatures (mok/__init__.py documents them)."""
     grouped_mm: Callable          # (a, b [G, N, K], group_offset, group_rows) -> bf16 [M, N]
     grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
-    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
-    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
+    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index) -> 3
+    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype, a_index, b_index)
     row_combine: Callable         # (rows, row_index int32 [T, k], base | None) -> bf16 [T, width]
-    weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows): out += the sums
+    weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows, a_index, b_index): out += sums
 
 
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
@@ -194,33 +199,52 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
                     group_rows.to(torch.int32))
 
 
+def gather_on_load() -> bool:
+    """Whether the staged backward has its kernels read x's and dout's rows
+    through the schedule's index (MOK_GATHER_ON_LOAD=1) instead of gathering
+    copies first (the default until the gathered loads are measured at least
+    as fast on a GPU: docs/perf-notes.md v4). The bits are the same."""
+    return os.environ.get("MOK_GATHER_ON_LOAD", "0") == "1"
+
+
 def _weight_grads(ops: BackwardOps, pairs, group_offset, group_rows, groups, grad_dtype):
-    """For each (needed, a, b, main) of `pairs`: a^T b summed per group -- added
-    to `main` (fp32, returned None) when given, else returned."""
+    """For each (needed, a, b, a_index, b_index, main) of `pairs`: a^T b summed
+    per group (an operand with an index read through it) -- added to `main`
+    (fp32, returned None) when given, else returned."""
     out = []
-    for needed, a, b, main in pairs:
+    for needed, a, b, a_index, b_index, main in pairs:
         if not needed:
             out.append(None)
         elif main is not None:
-            ops.weight_grad_mm_acc_(main.view(groups, main.shape[-2], main.shape[-1]), a, b, group_offset, group_rows)
+            ops.weight_grad_mm_acc_(main.view(groups, main.shape[-2], main.shape[-1]), a, b, group_offset, group_rows,
+                                    a_index, b_index)
             out.append(None)
         else:
-            out.append(ops.weight_grad_mm(a, b, group_offset, group_rows, groups, grad_dtype))
+            out.append(ops.weight_grad_mm(a, b, group_offset, group_rows, groups, grad_dtype, a_index, b_index))
     return out
 
 
 def _routed_rows(dout_rows, x_rows, w_rows, w13, w2, group_offset, group_rows, needs: Needs, ops: BackwardOps,
-                 grad_dtype, preact: torch.Tensor | None = None, main: MainGrads = MainGrads()):
-    """The grouped kernels on rows already in schedule order (each expert's
-    rows in global token order): (dx_rows | None, d w per row, dW13 | None,
-    dW2 | None). preact None: recompute mode; main: buffers to add the weight
-    gradients to instead of returning them."""
+                 grad_dtype, preact: torch.Tensor | None = None, main: MainGrads = MainGrads(),
+                 row_index: torch.Tensor | None = None):
+    """The grouped kernels on rows in schedule order (each expert's rows in
+    global token order): (dx_rows | None, d w per row, dW13 | None, dW2 |
+    None). preact None: recompute mode; main: buffers to add the weight
+    gradients to instead of returning them. row_index (int32, one per row):
+    dout_rows and x_rows are then dout and x themselves, and the kernels read
+    each row through it as they load it -- no gathered copies (two [rows, H]
+    tensors); recompute mode still gathers x's rows for its GEMM, whose
+    kernel reads A by TMA."""
     E = w13.shape[0]
+    x_index = row_index
     if preact is None:  # recompute mode
+        if row_index is not None:
+            x_rows, x_index = x_rows.index_select(0, row_index), None
         preact = ops.grouped_mm(x_rows, w13, group_offset, group_rows)
-    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows)
+    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows, row_index)
     dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, main.w13), (needs.w2, dout_rows, hw, main.w2)),
+    dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, None, x_index, main.w13),
+                                    (needs.w2, dout_rows, hw, row_index, None, main.w2)),
                               group_offset, group_rows, E, grad_dtype)
     return dx_rows, dscale, dw13, dw2
 
@@ -232,13 +256,15 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     T, k = expert_ids.shape
     E = w13.shape[0]
     s = routed_schedule(expert_ids, E) if schedule is None else schedule
-    x_rows = x.index_select(0, s.token_of_row)
-    dout_rows = dout.index_select(0, s.token_of_row)
+    if gather_on_load():  # the kernels read x's and dout's rows through the schedule's token index
+        row_index, dout_rows, x_rows = s.token_of_row.to(torch.int32), dout, x
+    else:
+        row_index, dout_rows, x_rows = None, dout.index_select(0, s.token_of_row), x.index_select(0, s.token_of_row)
     # One more weight, for the saved schedule's dummy entry (padding rows).
     flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
     w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
     dx_rows, dscale, dw13, dw2 = _routed_rows(dout_rows, x_rows, w_rows, w13, w2, s.group_offset, s.group_rows,
-                                              needs, ops, grad_dtype, preact, main)
+                                              needs, ops, grad_dtype, preact, main, row_index)
     slot_rows = s.row_of_entry.view(T, k).to(torch.int32) if needs.x else None
     dweights = dscale.index_select(0, s.row_of_entry).view(T, k) if needs.weights else None
     return slot_rows, dx_rows, dweights, dw13, dw2
@@ -256,8 +282,9 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
         preact = ops.grouped_mm(x, w13, group_offset, group_rows)
     d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
     dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13, dw2 = _weight_grads(ops, ((needs.shared_w13, d13, x, main.shared_w13),
-                                    (needs.shared_w2, dout, h, main.shared_w2)), group_offset, group_rows, 1, grad_dtype)
+    pairs = ((needs.shared_w13, d13, x, None, None, main.shared_w13),
+             (needs.shared_w2, dout, h, None, None, main.shared_w2))
+    dw13, dw2 = _weight_grads(ops, pairs, group_offset, group_rows, 1, grad_dtype)
     return dx, None if dw13 is None else dw13[0], None if dw2 is None else dw2[0]
 
 
@@ -282,6 +309,7 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     """
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
+    x = x.contiguous()  # the kernels may read its rows directly (gather_on_load)
     dout = dout.to(x.dtype).contiguous()
     has_shared = shared_w13 is not None
     routed = needs.x or needs.weights or needs.w13 or needs.w2

@@ -115,12 +115,19 @@ def reference_grouped_mm_kn(a, b, group_offset, group_rows):
     return out
 
 
-def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, *,
+def _gathered(t, index):
+    """t's rows through index (an op's optional gather index), or t itself."""
+    return t if index is None else t.index_select(0, index.long())
+
+
+def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index=None, *,
                                  swap_gate_up=False):
     """mok.swiglu_backward_mm: (d13 [M, 2I] bf16, scaled_act [M, I] bf16,
     row_scale_grad [M] fp32) from acc = dout_rows @ w2[g] (w2 [G, H, I]) and the
-    saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward).
+    saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward);
+    dout_index: dout_rows[dout_index] instead of dout_rows.
     swap_gate_up reads up as gate and gate as up: a mutant for tests."""
+    dout_rows = _gathered(dout_rows, dout_index)
     M, I = dout_rows.shape[0], w2.shape[2]
     d13 = torch.zeros(M, 2 * I, dtype=torch.bfloat16, device=dout_rows.device)
     scaled_act = torch.zeros(M, I, dtype=torch.bfloat16, device=dout_rows.device)
@@ -140,16 +147,18 @@ def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset,
     return d13, scaled_act, row_scale_grad
 
 
-def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None):
+def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None, a_index=None,
+                             b_index=None):
     """mok.weight_grad_mm: out[g] = sum over group g's rows of a[r]^T b[r]; fp32 [G, m, n]
-    (out_dtype: that sum rounded once to it)."""
+    (out_dtype: that sum rounded once to it); a_index / b_index: a[a_index] / b[b_index]."""
     out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float32, device=a.device)
-    reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
+    reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index, b_index)
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):
+def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index=None, b_index=None):
     """mok.weight_grad_mm_acc_: out[g] += sum over group g's rows of a[r]^T b[r], in place."""
+    a, b = _gathered(a, a_index), _gathered(b, b_index)
     for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
         out[g] += a[first:end].float().t() @ b[first:end].float()
 

@@ -90,3 +90,35 @@ def test_cpu_tensors_are_refused_by_name(op):
     first = {"swiglu_backward_mm": "dout_rows", "weight_grad_mm_acc_": "out"}.get(op, "a")
     with pytest.raises(RuntimeError, match=first + " is on cpu; mok runs on CUDA tensors"):
         _call(op, args)
+
+
+def test_gather_indices_set_the_row_count():
+    """With an index, the operand is a source of any row count and M is the index's length."""
+    off, rows = _tables()
+    idx = _t(M, dtype=torch.int32)
+    d13, act, dscale = mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows, idx)
+    assert d13.shape == (M, 2 * I) and act.shape == (M, I) and dscale.shape == (M,)
+    grad = mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, None, idx)
+    assert grad.shape == (G, 2 * I, H)
+    grad = mok.weight_grad_mm(_t(9, 2 * I), _t(5, H), off, rows, G, torch.bfloat16, idx, idx)
+    assert grad.shape == (G, 2 * I, H) and grad.dtype == torch.bfloat16
+    acc = _t(G, 2 * I, H, dtype=torch.float32)
+    assert mok.weight_grad_mm_acc_(acc, _t(M, 2 * I), _t(5, H), off, rows, None, idx) is acc
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda off, rows: mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows,
+                                              _t(M, dtype=torch.int64)), r"dout_index must be Int \(got Long\)"),
+    (lambda off, rows: mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows,
+                                              _t(M + 1, dtype=torch.int32)), r"preact must be \[M, 2I\]"),
+    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, None,
+                                          _t(M - 1, dtype=torch.int32)), "their row counts M differ"),
+    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(0, H), off, rows, G, None, None,
+                                          _t(M, dtype=torch.int32)), "b_index gathers rows of a tensor with none"),
+    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, _t(M, 2, dtype=torch.int32)),
+     "a_index must have 1 dimensions"),
+])
+def test_a_bad_gather_index_is_named(call, message):
+    off, rows = _tables()
+    with pytest.raises(RuntimeError, match=message):
+        call(off, rows)
