@@ -69,6 +69,35 @@ def test_matches_torch_autograd_of_the_fp32_layer(case):
     assert max(errors.values()) < TOLERANCE, errors
 
 
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_gathering_on_load_changes_no_gradient(case, monkeypatch):
+    """MOK_GATHER_ON_LOAD=1 hands the ops x and dout with the schedule's row
+    index instead of gathered copies (the references gather through it): every
+    gradient is bit for bit the default path's, and the index path is taken."""
+    layer = _layer(seed=3, **case)
+    dout = _dout(case["T"], case["H"], 3)
+    default = layer_backward(dout, *layer, ops=reference_ops())
+    monkeypatch.setenv("MOK_GATHER_ON_LOAD", "1")
+    seen = []
+
+    def spy(name, fn):
+        def call(*args):
+            seen.append((name, args[6:]))
+            return fn(*args)
+        return call
+    ops = reference_ops()
+    ops = ops._replace(swiglu_backward_mm=spy("swiglu", ops.swiglu_backward_mm),
+                       weight_grad_mm=spy("wgrad", ops.weight_grad_mm))
+    gathered = layer_backward(dout, *layer, ops=ops)
+    for name, got, want in zip(NAMES, gathered, default):
+        assert (got is None) == (want is None), name
+        if got is not None:
+            assert torch.equal(got, want), name
+    # Routed calls carry an index (recompute mode: dout's only, x is gathered for the recompute).
+    assert any(name == "swiglu" and extra and extra[0] is not None for name, extra in seen)
+    assert any(name == "wgrad" and len(extra) == 2 and extra[0] is not None for name, extra in seen)
+
+
 def test_empty_experts_get_zero_weight_gradients():
     case = CASES["empty experts"]
     layer = _layer(seed=2, **case)
