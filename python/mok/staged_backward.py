@@ -55,9 +55,24 @@ class BackwardOps(NamedTuple):
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
 
 
+def _takes_gather_indices() -> bool:
+    """Whether the loaded ops take the gathered-load indices (the staged
+    backward passes them, None by default; a library built before them
+    refuses the extra argument)."""
+    try:
+        arguments = torch.ops.mok.swiglu_backward_mm.default._schema.arguments
+    except (AttributeError, RuntimeError):
+        return False
+    return any(a.name == "dout_index" for a in arguments)
+
+
 def has_kernel_ops() -> bool:
-    """Whether the loaded libmok_torch.so registers every op the staged backward needs."""
-    return all(hasattr(torch.ops.mok, name) for name in _KERNEL_OP_NAMES)
+    """Whether the loaded libmok_torch.so registers every op the staged
+    backward needs, with the arguments it passes."""
+    return all(hasattr(torch.ops.mok, name) for name in _KERNEL_OP_NAMES) and _takes_gather_indices()
+
+
+_REBUILD = "rebuild it (scripts/build.sh, or pip install --no-build-isolation .)"
 
 
 def kernel_ops() -> BackwardOps:
@@ -65,8 +80,11 @@ def kernel_ops() -> BackwardOps:
     if not has_kernel_ops():
         from . import LIBRARY_PATH
         missing = [n for n in _KERNEL_OP_NAMES if not hasattr(torch.ops.mok, n)]
-        raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
-                           "staged backward); rebuild it (scripts/build.sh, or pip install --no-build-isolation .)")
+        if missing:
+            raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
+                               f"staged backward); {_REBUILD}")
+        raise RuntimeError(f"mok: the loaded {LIBRARY_PATH}'s swiglu_backward_mm takes no dout_index (it predates "
+                           f"the gathered loads); {_REBUILD}")
     m = torch.ops.mok
     return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm, m.row_combine,
                        m.weight_grad_mm_acc_)
