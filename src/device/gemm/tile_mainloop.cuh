@@ -40,6 +40,17 @@ struct NoStageExtra {
   __device__ __forceinline__ void operator()(int, int, uint64_t*) const {}
 };
 
+// A stage's B read k-by-n (B as [G][K][N]): BN / kMNBlock boxes of
+// [kBlockK rows][kMNBlock columns] of group `group`, columns from n0.
+template <class Cfg>
+__device__ __forceinline__ void load_b_kn_boxes(uint8_t* dst, const void* map, uint64_t* full, int n0, int k0,
+                                                int group) {
+#pragma unroll
+  for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
+    tma_load_3d(dst + j * Cfg::kBlockK * Cfg::kRowBytes, map, full, n0 + j * Cfg::kMNBlock, k0, group);
+  }
+}
+
 // Producer (one thread): stream the tile's k_blocks stages into the ring.
 template <class Cfg, class Extra = NoStageExtra>
 __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmSharedStorage<Cfg>& smem,
@@ -61,12 +72,7 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
       tma_load_2d(stage.a, maps.a, full, k0, tile.row0);
     }
     if constexpr (Cfg::kBMajor == OperandMajor::kMN) {
-      // B as [K, N]: BN / kMNBlock boxes of [kBlockK rows][kMNBlock columns].
-#pragma unroll
-      for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
-        tma_load_3d(stage.b + j * Cfg::kBlockK * Cfg::kRowBytes, maps.b, full, tile.n0 + j * Cfg::kMNBlock, k0,
-                    tile.group);
-      }
+      load_b_kn_boxes<Cfg>(stage.b, maps.b, full, tile.n0, k0, tile.group);
     } else if constexpr (Cfg::kGateUp) {
       constexpr int kHalf = Cfg::kBlockN / 2;
       tma_load_4d(stage.b, maps.b, full, k0, tile.n0, 0, tile.group);                   // gate rows
@@ -103,11 +109,7 @@ __device__ __forceinline__ void load_tile_gathered_a(const GemmTensorMaps& maps,
     const int k0 = kb * Cfg::kBlockK;
     if (lane == 0) {
       ring.producer_acquire(Cfg::kStageBytes);
-#pragma unroll
-      for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
-        tma_load_3d(stage.b + j * Cfg::kBlockK * Cfg::kRowBytes, maps.b, full, tile.n0 + j * Cfg::kMNBlock, k0,
-                    tile.group);
-      }
+      load_b_kn_boxes<Cfg>(stage.b, maps.b, full, tile.n0, k0, tile.group);
     }
     __syncwarp();  // the stage is free and its bytes announced before any lane's copy lands
     load_gathered_rows<kRowsPerLane, 1>(stage.a, 0, maps.a, full, a_rows, sources, k0, lane);

@@ -46,6 +46,16 @@ __device__ __forceinline__ int weight_grad_k_blocks(const WeightGradTile& tile) 
   return (tile.rows + Cfg::kBlockK - 1) / Cfg::kBlockK;
 }
 
+// One stage's whole boxes of an MN-major operand: kCols / 64 boxes of
+// [kBlockK rows][64 columns], columns from c0, rows from `row`.
+template <class Cfg, int kCols>
+__device__ __forceinline__ void load_mn_boxes(uint8_t* dst, const void* map, uint64_t* full, int c0, int row) {
+#pragma unroll
+  for (int j = 0; j < kCols / Cfg::kMNBlock; ++j) {
+    tma_load_2d(dst + j * kMNBoxBytes<Cfg>, map, full, c0 + j * Cfg::kMNBlock, row);
+  }
+}
+
 // Producer (one thread). Maps: a 2-D {m, rows}, b 2-D {n, rows}, box {64, kBlockK}.
 template <class Cfg>
 __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps, GemmSharedStorage<Cfg>& smem,
@@ -56,14 +66,8 @@ __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps
     uint64_t* full = ring.producer_acquire(Cfg::kStageBytes);
     auto& stage = smem.stages[ring.stage];
     const int row = tile.row0 + kb * Cfg::kBlockK;
-#pragma unroll
-    for (int j = 0; j < Cfg::kBlockM / Cfg::kMNBlock; ++j) {
-      tma_load_2d(stage.a + j * kMNBoxBytes<Cfg>, maps.a, full, tile.m0 + j * Cfg::kMNBlock, row);
-    }
-#pragma unroll
-    for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
-      tma_load_2d(stage.b + j * kMNBoxBytes<Cfg>, maps.b, full, tile.n0 + j * Cfg::kMNBlock, row);
-    }
+    load_mn_boxes<Cfg, Cfg::kBlockM>(stage.a, maps.a, full, tile.m0, row);
+    load_mn_boxes<Cfg, Cfg::kBlockN>(stage.b, maps.b, full, tile.n0, row);
     ring.advance();
   }
 }
@@ -102,18 +106,8 @@ __device__ __forceinline__ void load_weight_grad_tile_gathered(const GemmTensorM
     const int row = tile.row0 + kb * Cfg::kBlockK;
     if (lane == 0) {
       ring.producer_acquire(Cfg::kStageBytes);
-      if (!gather_a) {
-#pragma unroll
-        for (int j = 0; j < Cfg::kBlockM / Cfg::kMNBlock; ++j) {
-          tma_load_2d(stage.a + j * kMNBoxBytes<Cfg>, maps.a, full, tile.m0 + j * Cfg::kMNBlock, row);
-        }
-      }
-      if (!gather_b) {
-#pragma unroll
-        for (int j = 0; j < Cfg::kBlockN / Cfg::kMNBlock; ++j) {
-          tma_load_2d(stage.b + j * kMNBoxBytes<Cfg>, maps.b, full, tile.n0 + j * Cfg::kMNBlock, row);
-        }
-      }
+      if (!gather_a) load_mn_boxes<Cfg, Cfg::kBlockM>(stage.a, maps.a, full, tile.m0, row);
+      if (!gather_b) load_mn_boxes<Cfg, Cfg::kBlockN>(stage.b, maps.b, full, tile.n0, row);
     }
     __syncwarp();  // the stage is free and its bytes announced before any lane's copy lands
     if (gather_a) {
