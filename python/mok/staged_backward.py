@@ -35,6 +35,7 @@ the CPU tests check it against torch autograd.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, NamedTuple
 
@@ -55,10 +56,12 @@ class BackwardOps(NamedTuple):
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
 
 
+@functools.cache
 def _takes_gather_indices() -> bool:
     """Whether the loaded ops take the gathered-load indices (the staged
     backward passes them, None by default; a library built before them
-    refuses the extra argument)."""
+    refuses the extra argument). Asked once: the loaded library does not
+    change, and kernel_ops() runs on every backward call."""
     try:
         arguments = torch.ops.mok.swiglu_backward_mm.default._schema.arguments
     except (AttributeError, RuntimeError):
