@@ -35,14 +35,6 @@
 //              summed per n-tile in a fixed order into `scratch`
 //              ([m_total, swiglu_backward_parts(n)] fp32), then over the
 //              n-tiles in order by a second kernel on the same stream.
-//   a_rows  [m_total] int32 (optional, DEVICE memory): a is then bf16
-//           [a_source_rows, k] and row r of the operand is a[a_rows[r]], read
-//           as the tiles load it (dout rows straight from dout, no gathered
-//           copy); the bits are those of the gathered copy. An index outside
-//           [0, a_source_rows) of a row a group reads makes the kernel trap
-//           (the launch fails) instead of reading other memory.
-//           EXPERIMENTAL, as WeightGradArgs's gathered operands
-//           (include/mok/weight_grad.hpp).
 //
 // Determinism: a row's output depends only on that row and the weights: same
 // bits whatever its offset, its group's size, the other rows or the grid size.
@@ -98,8 +90,6 @@ struct GroupedGemmArgs {
   void* scaled_act = nullptr;          // bf16 [m_total, n]; null = not written
   float* row_scale_grad = nullptr;     // fp32 [m_total]; null = not written
   float* scratch = nullptr;            // fp32 [m_total, swiglu_backward_parts(n)]; needed with row_scale_grad
-  const int32_t* a_rows = nullptr;     // kSwiGLUBackward: int32 [m_total], a gathered (above)
-  int64_t a_source_rows = 0;           // rows of a when a_rows is given
   int max_ctas = 0;  // persistent CTAs to launch; 0 = one per SM (results never depend on it)
   // kE4M3, plain epilogue, n a multiple of 256: run the 2-CTA variant, whose
   // clusters share each A box by TMA multicast (the same bits; fewer L2

@@ -14,17 +14,6 @@
 // memory, as for grouped_gemm (same rules; rows outside every group are never
 // read into a sum). A group with no rows gets zeros (accumulate: is left as is).
 //
-// Gathered operands: with a_rows (device int32 [m_total]) a is instead bf16
-// [a_source_rows, m] and row r of the operand is a[a_rows[r]]; b_rows the
-// same for b. The kernel reads those rows as it loads them (no gathered copy
-// is made); the bits are those of the gathered copy. An index outside
-// [0, source rows) of a row that a group reads makes the kernel trap (the
-// launch fails) instead of reading other memory. EXPERIMENTAL: this
-// version (one-row TMA boxes, src/device/gemm/gathered_rows.cuh) was written
-// after the last GPU run; its tests (tests/gpu/test_gathered_rows.cu) have
-// not run yet, and an earlier cp.async version, correct, was 1.7-2.5x slower
-// than a gathered copy (docs/perf-notes.md v4).
-//
 // Determinism: each output element is one fp32 accumulator chain over its
 // group's rows in order, in 64-row blocks from the group's first row (wgmma
 // k16 steps inside a block), then -- when accumulating -- one addition to the
@@ -55,10 +44,6 @@ struct WeightGradArgs {
   int64_t n = 0;
   bool accumulate = false;  // out[g] += the sum (gradient accumulation over micro-batches)
   int max_ctas = 0;         // persistent CTAs; 0 = one per SM (results never depend on it)
-  const int32_t* a_rows = nullptr;  // device int32 [m_total]: a is [a_source_rows, m], gathered (above)
-  int64_t a_source_rows = 0;
-  const int32_t* b_rows = nullptr;  // device int32 [m_total]: b is [b_source_rows, n], gathered
-  int64_t b_source_rows = 0;
 };
 
 // Throws mok::Error naming the first bad field; touches no device memory.

@@ -9,14 +9,6 @@
 // Meta (shapes only, for fake tensors), CPU (refuses, with a message).
 // Errors follow op_errors.hpp.
 //
-// Gathered operands: an optional int32 index ([M], on the op's device) makes
-// the operand it belongs to a source tensor whose row index[r] is operand
-// row r; the kernels read the rows through it as they load them (no gathered
-// copy), with the gathered copy's bits. M is then the index's length. Index
-// values are not checked here (that would need a pass and a host sync): one
-// outside the source's rows makes the kernel trap (a CUDA error), never a
-// read of other memory.
-//
 // Unlike grouped_mm's padding rows (left unwritten), every bf16/fp32 row
 // output here is allocated with zeros: the kernels write only the rows inside
 // a group, and a gradient must be defined everywhere (a padding row's
@@ -53,24 +45,6 @@ const TensorSpec kRows{at::kBFloat16, 2, /*aligned=*/true};
 const TensorSpec kWeights{at::kBFloat16, 3, /*aligned=*/true};
 const TensorSpec kRowScale{at::kFloat, 1};
 const TensorSpec kGradOut{at::kFloat, 3, /*aligned=*/true};
-const TensorSpec kRowIndex{at::kInt, 1};
-
-using OptionalTensor = std::optional<at::Tensor>;
-
-bool given(const OptionalTensor& t) { return t.has_value() && t->defined(); }
-
-// The operand's row count M: the index's length when it is gathered, else
-// its own rows. Checks the index.
-int64_t operand_rows(const at::Tensor& operand, const OptionalTensor& index, const std::string& index_name,
-                     const at::Device& device, const std::string& device_is) {
-  if (!given(index)) return operand.size(0);
-  check_tensor(*index, index_name, kRowIndex, device, device_is);
-  expect(operand.size(0) >= 1 || index->size(0) == 0,
-         index_name + " gathers rows of a tensor with none (shape " + shape_of(operand) + ")");
-  return index->size(0);
-}
-
-const int32_t* index_ptr(const OptionalTensor& index) { return given(index) ? index->data_ptr<int32_t>() : nullptr; }
 
 CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -87,21 +61,20 @@ using SwigluGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 // Checks the arguments and returns I.
 int64_t check_swiglu_backward(const at::Tensor& dout_rows, const at::Tensor& w2, const at::Tensor& preact,
                               const std::optional<at::Tensor>& row_scale, const at::Tensor& group_offset,
-                              const at::Tensor& group_rows, const OptionalTensor& dout_index) {
+                              const at::Tensor& group_rows) {
   expect(dout_rows.defined(), "dout_rows is undefined");
   const at::Device device = dout_rows.device();
   mok::torch_ops::expect_cuda(device, "dout_rows");
   check_tensor(dout_rows, "dout_rows", kRows, device, "dout_rows is on");
   check_tensor(w2, "w2", kWeights, device, "dout_rows is on");
   check_tensor(preact, "preact", kRows, device, "dout_rows is on");
-  const int64_t M = operand_rows(dout_rows, dout_index, "dout_index", device, "dout_rows is on");
-  const int64_t H = dout_rows.size(1), I = w2.size(2);
+  const int64_t M = dout_rows.size(0), H = dout_rows.size(1), I = w2.size(2);
   expect(w2.size(1) == H, "dout_rows is [M, H] = " + shape_of(dout_rows) + " but w2 is [G, H, I] = " +
                               shape_of(w2) + ": H differs");
-  check_shape(preact, "preact", {M, 2 * I}, "[M, 2I] (M from dout_rows or dout_index, I from w2)");
+  check_shape(preact, "preact", {M, 2 * I}, "[M, 2I] (M from dout_rows, I from w2)");
   if (row_scale.has_value() && row_scale->defined()) {
     check_tensor(*row_scale, "row_scale", kRowScale, device, "dout_rows is on");
-    check_shape(*row_scale, "row_scale", {M}, "[M] (M from dout_rows or dout_index)");
+    check_shape(*row_scale, "row_scale", {M}, "[M] (M from dout_rows)");
   }
   check_group_tables(group_offset, group_rows, w2.size(0), device, "dout_rows is on");
   checked_int(w2.size(0), "the group count G (w2.size(0))");
@@ -110,10 +83,10 @@ int64_t check_swiglu_backward(const at::Tensor& dout_rows, const at::Tensor& w2,
 
 SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2, const at::Tensor& preact,
                                const std::optional<at::Tensor>& row_scale, const at::Tensor& group_offset,
-                               const at::Tensor& group_rows, const OptionalTensor& dout_index) {
-  const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index);
+                               const at::Tensor& group_rows) {
+  const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
   const c10::cuda::CUDAGuard guard(dout_rows.device());
-  const int64_t M = preact.size(0);
+  const int64_t M = dout_rows.size(0);
   at::Tensor d13 = at::empty({M, 2 * I}, dout_rows.options());
   at::Tensor scaled_act = at::empty({M, I}, dout_rows.options());
   at::Tensor row_scale_grad = at::zeros({M}, dout_rows.options().dtype(at::kFloat));
@@ -140,8 +113,6 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   args.scaled_act = scaled_act.data_ptr();
   args.row_scale_grad = row_scale_grad.data_ptr<float>();
   args.scratch = scratch.data_ptr<float>();
-  args.a_rows = index_ptr(dout_index);
-  args.a_source_rows = dout_rows.size(0);
   mok::torch_ops::raising_torch_errors([&] { mok::grouped_gemm(args, current_stream(dout_rows.device())); });
   mok::torch_ops::zero_padding_rows(d13, group_offset, group_rows);
   mok::torch_ops::zero_padding_rows(scaled_act, group_offset, group_rows);
@@ -150,33 +121,26 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
 
 SwigluGrads swiglu_backward_mm_meta(const at::Tensor& dout_rows, const at::Tensor& w2, const at::Tensor& preact,
                                     const std::optional<at::Tensor>& row_scale, const at::Tensor& group_offset,
-                                    const at::Tensor& group_rows, const OptionalTensor& dout_index) {
-  const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index);
-  const int64_t M = preact.size(0);
+                                    const at::Tensor& group_rows) {
+  const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
+  const int64_t M = dout_rows.size(0);
   return {at::empty({M, 2 * I}, dout_rows.options()), at::empty({M, I}, dout_rows.options()),
           at::empty({M}, dout_rows.options().dtype(at::kFloat))};
 }
 
 // ---- weight_grad_mm: out[g] (+)= sum_r a[r]^T b[r] -------------------------
 
-// a [M, m] and b [M, n], bf16, on `device` (the op's first tensor's); or
-// either a source gathered through its index. Returns M.
-int64_t check_weight_grad_operands(const at::Tensor& a, const at::Tensor& b, const OptionalTensor& a_index,
-                                   const OptionalTensor& b_index, const at::Device& device,
-                                   const std::string& device_is) {
+// a [M, m] and b [M, n], bf16, on `device` (the op's first tensor's).
+void check_weight_grad_operands(const at::Tensor& a, const at::Tensor& b, const at::Device& device,
+                                const std::string& device_is) {
   check_tensor(a, "a", kRows, device, device_is);
   check_tensor(b, "b", kRows, device, device_is);
-  const int64_t a_rows = operand_rows(a, a_index, "a_index", device, device_is);
-  const int64_t b_rows = operand_rows(b, b_index, "b_index", device, device_is);
-  expect(a_rows == b_rows, "a has M = " + num(a_rows) + (given(a_index) ? " rows (a_index's length)" : " rows") +
-                               " but b has " + num(b_rows) + (given(b_index) ? " (b_index's length)" : "") +
-                               ": their row counts M differ");
-  return a_rows;
+  expect(a.size(0) == b.size(0), "a is [M, m] = " + shape_of(a) + " but b is [M, n] = " + shape_of(b) +
+                                     ": their row counts M differ");
 }
 
 void launch_weight_grad(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                        const at::Tensor& group_rows, const OptionalTensor& a_index, const OptionalTensor& b_index,
-                        int64_t rows, bool accumulate) {
+                        const at::Tensor& group_rows, bool accumulate) {
   mok::WeightGradArgs args;
   args.a = a.data_ptr();
   args.b = b.data_ptr();
@@ -188,29 +152,22 @@ void launch_weight_grad(at::Tensor& out, const at::Tensor& a, const at::Tensor& 
   args.group_offset = group_offset.data_ptr<int32_t>();
   args.group_rows = group_rows.data_ptr<int32_t>();
   args.num_groups = static_cast<int>(out.size(0));
-  args.m_total = rows;
+  args.m_total = a.size(0);
   args.m = a.size(1);
   args.n = b.size(1);
   args.accumulate = accumulate;
-  args.a_rows = index_ptr(a_index);
-  args.a_source_rows = a.size(0);
-  args.b_rows = index_ptr(b_index);
-  args.b_source_rows = b.size(0);
   mok::torch_ops::raising_torch_errors([&] { mok::grouped_weight_grad(args, current_stream(out.device())); });
 }
 
-// Returns M.
-int64_t check_weight_grad(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                          const at::Tensor& group_rows, int64_t num_groups, const OptionalTensor& a_index,
-                          const OptionalTensor& b_index) {
+void check_weight_grad(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
+                       const at::Tensor& group_rows, int64_t num_groups) {
   expect(a.defined(), "a is undefined");
   const at::Device device = a.device();
   mok::torch_ops::expect_cuda(device, "a");
-  const int64_t rows = check_weight_grad_operands(a, b, a_index, b_index, device, "a is on");
+  check_weight_grad_operands(a, b, device, "a is on");
   expect(num_groups >= 1, "num_groups = " + num(num_groups) + " must be >= 1");
   checked_int(num_groups, "num_groups");
   check_group_tables(group_offset, group_rows, num_groups, device, "a is on");
-  return rows;
 }
 
 // fp32 (the default) or bf16: the fp32 sum rounded once, what a bf16 weight's
@@ -223,55 +180,49 @@ at::ScalarType weight_grad_dtype(std::optional<at::ScalarType> out_dtype) {
 }
 
 at::Tensor weight_grad_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                          const at::Tensor& group_rows, int64_t num_groups, std::optional<at::ScalarType> out_dtype,
-                          const OptionalTensor& a_index, const OptionalTensor& b_index) {
-  const int64_t rows = check_weight_grad(a, b, group_offset, group_rows, num_groups, a_index, b_index);
+                          const at::Tensor& group_rows, int64_t num_groups, std::optional<at::ScalarType> out_dtype) {
+  check_weight_grad(a, b, group_offset, group_rows, num_groups);
   const at::ScalarType dtype = weight_grad_dtype(out_dtype);
   const c10::cuda::CUDAGuard guard(a.device());
   // The kernel writes every group (zeros for one without rows); with no rows
   // at all nothing is launched, so the zeros come from here.
-  if (rows == 0) return at::zeros({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
+  if (a.size(0) == 0) return at::zeros({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
   at::Tensor out = at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
-  launch_weight_grad(out, a, b, group_offset, group_rows, a_index, b_index, rows, /*accumulate=*/false);
+  launch_weight_grad(out, a, b, group_offset, group_rows, /*accumulate=*/false);
   return out;
 }
 
 at::Tensor weight_grad_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
                                const at::Tensor& group_rows, int64_t num_groups,
-                               std::optional<at::ScalarType> out_dtype, const OptionalTensor& a_index,
-                               const OptionalTensor& b_index) {
-  check_weight_grad(a, b, group_offset, group_rows, num_groups, a_index, b_index);
+                               std::optional<at::ScalarType> out_dtype) {
+  check_weight_grad(a, b, group_offset, group_rows, num_groups);
   return at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(weight_grad_dtype(out_dtype)));
 }
 
-// Returns M.
-int64_t check_weight_grad_acc(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                              const at::Tensor& group_offset, const at::Tensor& group_rows,
-                              const OptionalTensor& a_index, const OptionalTensor& b_index) {
+void check_weight_grad_acc(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                           const at::Tensor& group_offset, const at::Tensor& group_rows) {
   expect(out.defined(), "out is undefined");
   const at::Device device = out.device();
   mok::torch_ops::expect_cuda(device, "out");
   check_tensor(out, "out", kGradOut, device, "out is on");
-  const int64_t rows = check_weight_grad_operands(a, b, a_index, b_index, device, "out is on");
+  check_weight_grad_operands(a, b, device, "out is on");
   const int64_t groups = out.size(0);
   check_shape(out, "out", {groups, a.size(1), b.size(1)}, "[G, m, n] (m from a, n from b)");
   checked_int(groups, "the group count G (out.size(0))");
   check_group_tables(group_offset, group_rows, groups, device, "out is on");
-  return rows;
 }
 
 void weight_grad_mm_acc(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                        const at::Tensor& group_rows, const OptionalTensor& a_index, const OptionalTensor& b_index) {
-  const int64_t rows = check_weight_grad_acc(out, a, b, group_offset, group_rows, a_index, b_index);
-  if (rows == 0 || out.size(0) == 0) return;  // nothing to add
+                        const at::Tensor& group_rows) {
+  check_weight_grad_acc(out, a, b, group_offset, group_rows);
+  if (a.size(0) == 0 || out.size(0) == 0) return;  // nothing to add
   const c10::cuda::CUDAGuard guard(out.device());
-  launch_weight_grad(out, a, b, group_offset, group_rows, a_index, b_index, rows, /*accumulate=*/true);
+  launch_weight_grad(out, a, b, group_offset, group_rows, /*accumulate=*/true);
 }
 
 void weight_grad_mm_acc_meta(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                             const at::Tensor& group_offset, const at::Tensor& group_rows,
-                             const OptionalTensor& a_index, const OptionalTensor& b_index) {
-  check_weight_grad_acc(out, a, b, group_offset, group_rows, a_index, b_index);
+                             const at::Tensor& group_offset, const at::Tensor& group_rows) {
+  check_weight_grad_acc(out, a, b, group_offset, group_rows);
 }
 
 }  // namespace
@@ -279,12 +230,11 @@ void weight_grad_mm_acc_meta(at::Tensor& out, const at::Tensor& a, const at::Ten
 TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "swiglu_backward_mm(Tensor dout_rows, Tensor w2, Tensor preact, Tensor? row_scale, Tensor group_offset, "
-      "Tensor group_rows, Tensor? dout_index=None) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
+      "Tensor group_rows) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
   m.def("weight_grad_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, int num_groups, "
-        "ScalarType? out_dtype=None, Tensor? a_index=None, Tensor? b_index=None) -> Tensor");
+        "ScalarType? out_dtype=None) -> Tensor");
   m.def(
-      "weight_grad_mm_acc_(Tensor(a!) out, Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, "
-      "Tensor? a_index=None, Tensor? b_index=None) -> ()");
+      "weight_grad_mm_acc_(Tensor(a!) out, Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {

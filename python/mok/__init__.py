@@ -64,19 +64,17 @@ chains them; rows outside every group come back as zeros):
   torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows) -> out
       b [G, K, N] (the weights transposed): out[rows of g] = a[rows] @ b[g].
   torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale,
-                                   group_offset, group_rows, dout_index=None)
+                                   group_offset, group_rows)
       -> (d13, scaled_act, row_scale_grad)
       The data gradient through the down projection and SwiGLU.
-  torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None,
-                               a_index=None, b_index=None) -> out
-  torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index=None, b_index=None)
+  torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None) -> out
+  torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
       out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32 (or bf16).
-  The *_index arguments (int32 [M]) gather an operand as the kernel loads it:
-  row r is then source[index[r]] (no gathered copy is made; same bits).
-  Experimental (include/mok/weight_grad.hpp says why).
   torch.ops.mok.row_combine(rows, row_index, base) -> out
-  torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows) -> out
       out[t] = base[t] + the token's slot rows, fp32 in slot order, one rounding.
+  torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row) -> outs
+      outs[s][r] = sources[s][e // k] for the entry e that claims row r, else 0.
+  torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows) -> out
 
 Every op raises RuntimeError on bad input, before any work, naming the
 argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
@@ -124,8 +122,7 @@ def grouped_mm_kn(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
 
 
 def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.Tensor,
-                       row_scale: torch.Tensor | None, group_offset: torch.Tensor, group_rows: torch.Tensor,
-                       dout_index: torch.Tensor | None = None):
+                       row_scale: torch.Tensor | None, group_offset: torch.Tensor, group_rows: torch.Tensor):
     """The data gradient through an expert's down projection and SwiGLU, per row.
 
     dout_rows [M, H] bf16 (dL/dy of each row), w2 [G, H, I] bf16 (the down
@@ -136,27 +133,19 @@ def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.
       d13            [M, 2I] bf16  [dh * up * s * (1 + gate (1 - s)) | dh * gate * s]
       scaled_act     [M, I]  bf16  w * h  (what dW2 = dout^T (w h) needs)
       row_scale_grad [M]     fp32  <acc, h> = dL/dw of the row
-    Rows outside every group are zeros. dout_index (int32 [M]): dout_rows is
-    then dout itself ([T, H]) and row r is dout[dout_index[r]], read as the
-    kernel loads it (no gathered copy; the same bits); an index outside
-    [0, T) makes the kernel fail (a CUDA error), never read other memory."""
-    return torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index)
+    Rows outside every group are zeros."""
+    return torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows)
 
 
 def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor, group_rows: torch.Tensor,
-                   num_groups: int, out_dtype: torch.dtype | None = None, a_index: torch.Tensor | None = None,
-                   b_index: torch.Tensor | None = None) -> torch.Tensor:
+                   num_groups: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """out[g] = sum over group g's rows r of a[r]^T b[r] (a [M, m], b [M, n]
     bf16): fp32 [G, m, n], each element one fp32 sum over the group's rows in
     order (same bits wherever the group sits); a group without rows gets zeros.
     out_dtype=torch.bfloat16: that fp32 sum rounded once, written as bf16 (a
     bf16 weight's gradient, without an fp32 tensor and a conversion).
-    E.g. dW2[e] = weight_grad_mm(dy_rows, h_rows, ...). a_index / b_index
-    (int32 [M]): that operand is a source tensor and its row r is
-    source[index[r]], read as the kernel loads it (e.g. dW13 =
-    weight_grad_mm(d13, x, ..., b_index=token_of_row): no x_rows copy; the
-    same bits); an index outside the source makes the kernel fail."""
-    return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype, a_index, b_index)
+    E.g. dW2[e] = weight_grad_mm(dy_rows, h_rows, ...)."""
+    return torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype)
 
 
 def grouped_mm_fp8(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
@@ -187,14 +176,25 @@ def row_combine(rows: torch.Tensor, row_index: torch.Tensor, base: torch.Tensor 
     return torch.ops.mok.row_combine(rows, row_index, base)
 
 
+def scatter_rows(sources: list[torch.Tensor], row_of_entry: torch.Tensor,
+                 entry_of_row: torch.Tensor) -> list[torch.Tensor]:
+    """Each token's row of every source copied to the rows its entries were
+    scheduled to: sources bf16 [T, width] (1 to 4, width % 8 == 0),
+    row_of_entry int64 [T, k] (the row of entry t k + j), entry_of_row int64
+    [M] (the entry each row holds) -> one bf16 [M, width] per source, row r =
+    source[e // k] when both indices agree on r and e, zeros otherwise
+    (padding rows; inconsistent or out-of-range indices claim nothing). Reads
+    each source row once (a row gather reads it k times); one writer per row,
+    so the same bytes every run."""
+    return torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row)
+
+
 def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
-                        group_rows: torch.Tensor, a_index: torch.Tensor | None = None,
-                        b_index: torch.Tensor | None = None) -> torch.Tensor:
+                        group_rows: torch.Tensor) -> torch.Tensor:
     """out[g] += sum over group g's rows of a[r]^T b[r], in place (out fp32
     [G, m, n]): fp32 gradient accumulation over micro-batches, the new sum
-    added once to the old value (a_index / b_index as weight_grad_mm's).
-    Returns out."""
-    torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index, b_index)
+    added once to the old value. Returns out."""
+    torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
     return out
 
 
@@ -369,7 +369,7 @@ def layout_from_counts(counts, tile_rows: int = 1, device=None):
 
 __all__ = ["TUNING_OPTIONS", "tuning_sources", "fused_forward", "fused_forward_fp8", "grouped_mm", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_kn",
            "grouped_mm_swiglu", "quantize_rows", "quantize_weights",
-           "layout_from_counts", "row_combine", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
+           "layout_from_counts", "row_combine", "scatter_rows", "swiglu_backward_mm", "weight_grad_mm", "weight_grad_mm_acc_"]
 
 from . import nn  # noqa: E402,F401  (mok.nn: the MoE layer; imports fused_forward above)
 from .quant import QuantizedWeights, quantize_rows, quantize_weights  # noqa: E402,F401  (block-scaled FP8)

@@ -12,10 +12,6 @@ experts in global order):
              gradients sum in, the same at any world size), no padding
   preact     = grouped_mm(x_rows, W13)                  [gate | up], recomputed
   d13, w*h, dw = swiglu_backward_mm(dout_rows, W2, preact, w_rows)
-             (x_rows, dout_rows: x's and dout's rows in schedule order; with
-             MOK_GATHER_ON_LOAD=1 the kernels read them through the
-             schedule's token index as they load them: no gathered copies,
-             except x's rows for the recompute)
   dx_j       = grouped_mm_kn(d13, W13)                  one bf16 row per (token, slot)
   dx         = row_combine(dx_j, dx_shared)             dx_shared + dx_0 + ... + dx_{k-1}: fp32,
                                                         slots in order, one bf16 rounding
@@ -23,8 +19,9 @@ experts in global order):
   dW2[e]     = weight_grad_mm(dout_rows, w*h)           fp32
   shared     the same with one group of every token and weight 1
 
-Determinism: the only data-dependent reorderings are a stable sort and
-index_select/view (gathers: no atomics, no index_add_/scatter_add_), and every
+Determinism: the only data-dependent reorderings are a stable sort,
+index_select/view and scatter_rows (copies with one writer per row: no
+atomics, no index_add_/scatter_add_), and every
 sum has a fixed order, so the gradients are bitwise repeatable given
 deterministic kernels (mok's are).
 
@@ -35,8 +32,6 @@ the CPU tests check it against torch autograd.
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Callable, NamedTuple
 
 import torch
@@ -47,35 +42,20 @@ class BackwardOps(NamedTuple):
     signatures (mok/__init__.py documents them)."""
     grouped_mm: Callable          # (a, b [G, N, K], group_offset, group_rows) -> bf16 [M, N]
     grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
-    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index) -> 3
-    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype, a_index, b_index)
+    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
+    weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
     row_combine: Callable         # (rows, row_index int32 [T, k], base | None) -> bf16 [T, width]
-    weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows, a_index, b_index): out += sums
+    weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows): out += the sums
+    scatter_rows: Callable        # ([sources [T, width]], row_of_entry [T, k], entry_of_row [M]) -> [[M, width]]
 
 
-_KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine")
-
-
-@functools.cache
-def _takes_gather_indices() -> bool:
-    """Whether the loaded ops take the gathered-load indices (the staged
-    backward passes them, None by default; a library built before them
-    refuses the extra argument). Asked once: the loaded library does not
-    change, and kernel_ops() runs on every backward call."""
-    try:
-        arguments = torch.ops.mok.swiglu_backward_mm.default._schema.arguments
-    except (AttributeError, RuntimeError):
-        return False
-    return any(a.name == "dout_index" for a in arguments)
+_KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine",
+                    "weight_grad_mm_acc_", "scatter_rows")
 
 
 def has_kernel_ops() -> bool:
-    """Whether the loaded libmok_torch.so registers every op the staged
-    backward needs, with the arguments it passes."""
-    return all(hasattr(torch.ops.mok, name) for name in _KERNEL_OP_NAMES) and _takes_gather_indices()
-
-
-_REBUILD = "rebuild it (scripts/build.sh, or pip install --no-build-isolation .)"
+    """Whether the loaded libmok_torch.so registers every op the staged backward needs."""
+    return all(hasattr(torch.ops.mok, name) for name in _KERNEL_OP_NAMES)
 
 
 def kernel_ops() -> BackwardOps:
@@ -83,14 +63,11 @@ def kernel_ops() -> BackwardOps:
     if not has_kernel_ops():
         from . import LIBRARY_PATH
         missing = [n for n in _KERNEL_OP_NAMES if not hasattr(torch.ops.mok, n)]
-        if missing:
-            raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
-                               f"staged backward); {_REBUILD}")
-        raise RuntimeError(f"mok: the loaded {LIBRARY_PATH}'s swiglu_backward_mm takes no dout_index (it predates "
-                           f"the gathered loads); {_REBUILD}")
+        raise RuntimeError(f"mok: the loaded {LIBRARY_PATH} has no {', '.join(missing)} op (it predates the "
+                           "staged backward); rebuild it (scripts/build.sh, or pip install --no-build-isolation .)")
     m = torch.ops.mok
     return BackwardOps(m.grouped_mm, m.grouped_mm_kn, m.swiglu_backward_mm, m.weight_grad_mm, m.row_combine,
-                       m.weight_grad_mm_acc_)
+                       m.weight_grad_mm_acc_, m.scatter_rows)
 
 
 def ops_for(device: torch.device) -> BackwardOps:
@@ -220,52 +197,33 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
                     group_rows.to(torch.int32))
 
 
-def gather_on_load() -> bool:
-    """Whether the staged backward has its kernels read x's and dout's rows
-    through the schedule's index (MOK_GATHER_ON_LOAD=1) instead of gathering
-    copies first (the default until the gathered loads are measured at least
-    as fast on a GPU: docs/perf-notes.md v4). The bits are the same."""
-    return os.environ.get("MOK_GATHER_ON_LOAD", "0") == "1"
-
-
 def _weight_grads(ops: BackwardOps, pairs, group_offset, group_rows, groups, grad_dtype):
-    """For each (needed, a, b, a_index, b_index, main) of `pairs`: a^T b summed
-    per group (an operand with an index read through it) -- added to `main`
-    (fp32, returned None) when given, else returned."""
+    """For each (needed, a, b, main) of `pairs`: a^T b summed per group -- added
+    to `main` (fp32, returned None) when given, else returned."""
     out = []
-    for needed, a, b, a_index, b_index, main in pairs:
+    for needed, a, b, main in pairs:
         if not needed:
             out.append(None)
         elif main is not None:
-            ops.weight_grad_mm_acc_(main.view(groups, main.shape[-2], main.shape[-1]), a, b, group_offset, group_rows,
-                                    a_index, b_index)
+            ops.weight_grad_mm_acc_(main.view(groups, main.shape[-2], main.shape[-1]), a, b, group_offset, group_rows)
             out.append(None)
         else:
-            out.append(ops.weight_grad_mm(a, b, group_offset, group_rows, groups, grad_dtype, a_index, b_index))
+            out.append(ops.weight_grad_mm(a, b, group_offset, group_rows, groups, grad_dtype))
     return out
 
 
 def _routed_rows(dout_rows, x_rows, w_rows, w13, w2, group_offset, group_rows, needs: Needs, ops: BackwardOps,
-                 grad_dtype, preact: torch.Tensor | None = None, main: MainGrads = MainGrads(),
-                 row_index: torch.Tensor | None = None):
-    """The grouped kernels on rows in schedule order (each expert's rows in
-    global token order): (dx_rows | None, d w per row, dW13 | None, dW2 |
-    None). preact None: recompute mode; main: buffers to add the weight
-    gradients to instead of returning them. row_index (int32, one per row):
-    dout_rows and x_rows are then dout and x themselves, and the kernels read
-    each row through it as they load it -- no gathered copies (two [rows, H]
-    tensors); recompute mode still gathers x's rows for its GEMM, whose
-    kernel reads A by TMA."""
+                 grad_dtype, preact: torch.Tensor | None = None, main: MainGrads = MainGrads()):
+    """The grouped kernels on rows already in schedule order (each expert's
+    rows in global token order): (dx_rows | None, d w per row, dW13 | None,
+    dW2 | None). preact None: recompute mode; main: buffers to add the weight
+    gradients to instead of returning them."""
     E = w13.shape[0]
-    x_index = row_index
     if preact is None:  # recompute mode
-        if row_index is not None:
-            x_rows, x_index = x_rows.index_select(0, row_index), None
         preact = ops.grouped_mm(x_rows, w13, group_offset, group_rows)
-    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows, row_index)
+    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows)
     dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, None, x_index, main.w13),
-                                    (needs.w2, dout_rows, hw, row_index, None, main.w2)),
+    dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, main.w13), (needs.w2, dout_rows, hw, main.w2)),
                               group_offset, group_rows, E, grad_dtype)
     return dx_rows, dscale, dw13, dw2
 
@@ -277,15 +235,17 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     T, k = expert_ids.shape
     E = w13.shape[0]
     s = routed_schedule(expert_ids, E) if schedule is None else schedule
-    if gather_on_load():  # the kernels read x's and dout's rows through the schedule's token index
-        row_index, dout_rows, x_rows = s.token_of_row.to(torch.int32), dout, x
+    # Each token's x and dout rows copied to its k rows in one pass (x's only
+    # where a kernel reads them: dW13, or recompute mode's gate/up GEMM).
+    if preact is None or needs.w13:
+        dout_rows, x_rows = ops.scatter_rows([dout, x], s.row_of_entry.view(T, k), s.entry_of_row)
     else:
-        row_index, dout_rows, x_rows = None, dout.index_select(0, s.token_of_row), x.index_select(0, s.token_of_row)
+        (dout_rows,), x_rows = ops.scatter_rows([dout], s.row_of_entry.view(T, k), s.entry_of_row), None
     # One more weight, for the saved schedule's dummy entry (padding rows).
     flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
     w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
     dx_rows, dscale, dw13, dw2 = _routed_rows(dout_rows, x_rows, w_rows, w13, w2, s.group_offset, s.group_rows,
-                                              needs, ops, grad_dtype, preact, main, row_index)
+                                              needs, ops, grad_dtype, preact, main)
     slot_rows = s.row_of_entry.view(T, k).to(torch.int32) if needs.x else None
     dweights = dscale.index_select(0, s.row_of_entry).view(T, k) if needs.weights else None
     return slot_rows, dx_rows, dweights, dw13, dw2
@@ -303,9 +263,8 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
         preact = ops.grouped_mm(x, w13, group_offset, group_rows)
     d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
     dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
-    pairs = ((needs.shared_w13, d13, x, None, None, main.shared_w13),
-             (needs.shared_w2, dout, h, None, None, main.shared_w2))
-    dw13, dw2 = _weight_grads(ops, pairs, group_offset, group_rows, 1, grad_dtype)
+    dw13, dw2 = _weight_grads(ops, ((needs.shared_w13, d13, x, main.shared_w13),
+                                    (needs.shared_w2, dout, h, main.shared_w2)), group_offset, group_rows, 1, grad_dtype)
     return dx, None if dw13 is None else dw13[0], None if dw2 is None else dw2[0]
 
 
@@ -330,7 +289,6 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     """
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
-    x = x.contiguous()  # the kernels may read its rows directly (gather_on_load)
     dout = dout.to(x.dtype).contiguous()
     has_shared = shared_w13 is not None
     routed = needs.x or needs.weights or needs.w13 or needs.w2

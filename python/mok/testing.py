@@ -115,19 +115,12 @@ def reference_grouped_mm_kn(a, b, group_offset, group_rows):
     return out
 
 
-def _gathered(t, index):
-    """t's rows through index (an op's optional gather index), or t itself."""
-    return t if index is None else t.index_select(0, index.long())
-
-
-def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, dout_index=None, *,
+def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, *,
                                  swap_gate_up=False):
     """mok.swiglu_backward_mm: (d13 [M, 2I] bf16, scaled_act [M, I] bf16,
     row_scale_grad [M] fp32) from acc = dout_rows @ w2[g] (w2 [G, H, I]) and the
-    saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward);
-    dout_index: dout_rows[dout_index] instead of dout_rows.
+    saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward).
     swap_gate_up reads up as gate and gate as up: a mutant for tests."""
-    dout_rows = _gathered(dout_rows, dout_index)
     M, I = dout_rows.shape[0], w2.shape[2]
     d13 = torch.zeros(M, 2 * I, dtype=torch.bfloat16, device=dout_rows.device)
     scaled_act = torch.zeros(M, I, dtype=torch.bfloat16, device=dout_rows.device)
@@ -147,18 +140,16 @@ def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset,
     return d13, scaled_act, row_scale_grad
 
 
-def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None, a_index=None,
-                             b_index=None):
+def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None):
     """mok.weight_grad_mm: out[g] = sum over group g's rows of a[r]^T b[r]; fp32 [G, m, n]
-    (out_dtype: that sum rounded once to it); a_index / b_index: a[a_index] / b[b_index]."""
+    (out_dtype: that sum rounded once to it)."""
     out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float32, device=a.device)
-    reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index, b_index)
+    reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows, a_index=None, b_index=None):
+def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):
     """mok.weight_grad_mm_acc_: out[g] += sum over group g's rows of a[r]^T b[r], in place."""
-    a, b = _gathered(a, a_index), _gathered(b, b_index)
     for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
         out[g] += a[first:end].float().t() @ b[first:end].float()
 
@@ -177,6 +168,25 @@ def reference_row_combine(rows, row_index, base):
     return acc.to(rows.dtype)
 
 
+def reference_scatter_rows(sources, row_of_entry, entry_of_row):
+    """mok.scatter_rows: for each source [T, width], out [M, width] with row r
+    = source[e // k] where entry e = entry_of_row[r] claims it (row_of_entry
+    [T, k] flattened has row r at e), else zeros."""
+    T, k = row_of_entry.shape
+    M = entry_of_row.shape[0]
+    flat = row_of_entry.reshape(-1)
+    entry = entry_of_row.long()
+    in_range = (entry >= 0) & (entry < T * k)
+    claimed = in_range & (flat.index_select(0, entry.clamp(0, max(T * k - 1, 0))) == torch.arange(M, device=entry.device)) \
+        if T * k else torch.zeros(M, dtype=torch.bool, device=entry.device)
+    token = torch.div(entry.clamp_min(0), k, rounding_mode="floor").clamp_max(max(T - 1, 0))
+    out = []
+    for src in sources:
+        rows = src.index_select(0, token) if T else src.new_zeros(M, src.shape[1])
+        out.append(torch.where(claimed.unsqueeze(1), rows, torch.zeros_like(rows)))
+    return out
+
+
 def reference_ops(**swiglu_options):
     """The reference ops as a mok.staged_backward.BackwardOps (keyword options
     go to reference_swiglu_backward_mm: swap_gate_up=True is a mutant)."""
@@ -189,7 +199,8 @@ def reference_ops(**swiglu_options):
         swiglu = functools.partial(reference_swiglu_backward_mm, **swiglu_options)
     return BackwardOps(grouped_mm=reference_grouped_mm, grouped_mm_kn=reference_grouped_mm_kn,
                        swiglu_backward_mm=swiglu, weight_grad_mm=reference_weight_grad_mm,
-                       row_combine=reference_row_combine, weight_grad_mm_acc_=reference_weight_grad_mm_acc_)
+                       row_combine=reference_row_combine, weight_grad_mm_acc_=reference_weight_grad_mm_acc_,
+                       scatter_rows=reference_scatter_rows)
 
 
 def reference_layer_grads(x, ids, w, w13, w2, shared_w13, shared_w2, dout):

@@ -69,35 +69,6 @@ def test_matches_torch_autograd_of_the_fp32_layer(case):
     assert max(errors.values()) < TOLERANCE, errors
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_gathering_on_load_changes_no_gradient(case, monkeypatch):
-    """MOK_GATHER_ON_LOAD=1 hands the ops x and dout with the schedule's row
-    index instead of gathered copies (the references gather through it): every
-    gradient is bit for bit the default path's, and the index path is taken."""
-    layer = _layer(seed=3, **case)
-    dout = _dout(case["T"], case["H"], 3)
-    default = layer_backward(dout, *layer, ops=reference_ops())
-    monkeypatch.setenv("MOK_GATHER_ON_LOAD", "1")
-    seen = []
-
-    def spy(name, fn):
-        def call(*args):
-            seen.append((name, args[6:]))
-            return fn(*args)
-        return call
-    ops = reference_ops()
-    ops = ops._replace(swiglu_backward_mm=spy("swiglu", ops.swiglu_backward_mm),
-                       weight_grad_mm=spy("wgrad", ops.weight_grad_mm))
-    gathered = layer_backward(dout, *layer, ops=ops)
-    for name, got, want in zip(NAMES, gathered, default):
-        assert (got is None) == (want is None), name
-        if got is not None:
-            assert torch.equal(got, want), name
-    # Routed calls carry an index (recompute mode: dout's only, x is gathered for the recompute).
-    assert any(name == "swiglu" and extra and extra[0] is not None for name, extra in seen)
-    assert any(name == "wgrad" and len(extra) == 2 and extra[0] is not None for name, extra in seen)
-
-
 def test_empty_experts_get_zero_weight_gradients():
     case = CASES["empty experts"]
     layer = _layer(seed=2, **case)
@@ -131,6 +102,23 @@ def test_the_schedule_keeps_global_token_order_within_each_expert():
     assert s.group_offset.dtype == s.group_rows.dtype == torch.int32
 
 
+def test_the_reference_scatter_is_the_row_gather_on_claimed_rows_and_zero_elsewhere():
+    T, k, pad = 5, 3, 4
+    g = torch.Generator().manual_seed(3)
+    row_of_entry = torch.randperm(T * k + pad, generator=g)[:T * k]
+    entry_of_row = torch.full((T * k + pad,), T * k, dtype=torch.long)
+    entry_of_row[row_of_entry] = torch.arange(T * k)
+    x = torch.randn(T, 16, generator=g)
+    (rows,) = reference_ops().scatter_rows([x], row_of_entry.view(T, k), entry_of_row)
+    claimed = entry_of_row < T * k
+    assert torch.equal(rows[claimed], x.index_select(0, entry_of_row[claimed] // k))
+    assert not rows[~claimed].any() and (~claimed).sum() == pad
+    # An entry whose row holds another entry claims nothing (its own row is zeroed).
+    row_of_entry[2] = row_of_entry[4]
+    (rows,) = reference_ops().scatter_rows([x], row_of_entry.view(T, k), entry_of_row)
+    assert not rows[entry_of_row == 2].any() and torch.equal(rows[entry_of_row == 4], x[1:2])
+
+
 def _counting(ops):
     """ops that also record the name of each call."""
     calls = []
@@ -144,13 +132,14 @@ def _counting(ops):
 
 
 @pytest.mark.parametrize("needs, expected_calls", [
-    (Needs(), {"grouped_mm": 2, "swiglu_backward_mm": 2, "grouped_mm_kn": 2, "weight_grad_mm": 4, "row_combine": 1}),
+    (Needs(), {"grouped_mm": 2, "swiglu_backward_mm": 2, "grouped_mm_kn": 2, "weight_grad_mm": 4, "row_combine": 1,
+               "scatter_rows": 1}),
     (Needs(x=False, weights=False, w13=False, shared_w13=False, shared_w2=False),
-     {"grouped_mm": 1, "swiglu_backward_mm": 1, "weight_grad_mm": 1}),
+     {"grouped_mm": 1, "swiglu_backward_mm": 1, "weight_grad_mm": 1, "scatter_rows": 1}),
     (Needs(x=False, weights=False, w13=False, w2=False, shared_w13=False),
      {"grouped_mm": 1, "swiglu_backward_mm": 1, "weight_grad_mm": 1}),
     (Needs(x=False, w13=False, w2=False, shared_w13=False, shared_w2=False),
-     {"grouped_mm": 1, "swiglu_backward_mm": 1}),
+     {"grouped_mm": 1, "swiglu_backward_mm": 1, "scatter_rows": 1}),
     (Needs(x=False, weights=False, w13=False, w2=False, shared_w13=False, shared_w2=False), {}),
 ])
 def test_computes_only_what_is_needed(needs, expected_calls):

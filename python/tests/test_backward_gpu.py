@@ -98,6 +98,33 @@ def test_row_combine_equals_its_reference_bit_for_bit():
         mok.row_combine(rows, index.long(), base)
 
 
+def test_scatter_rows_equals_its_reference_bit_for_bit():
+    # The saved schedule's shape of indices: a padded row space, padding rows
+    # holding the dummy entry T k, and an entry kept out (pointing at row 0).
+    g = torch.Generator(device="cuda").manual_seed(23)
+    T, k, width, pad = 257, 8, 7168 // 2, 131
+    M = T * k + pad
+    row_of_entry = torch.randperm(M, device="cuda", generator=g)[:T * k]
+    entry_of_row = torch.full((M,), T * k, dtype=torch.long, device="cuda")
+    entry_of_row[row_of_entry] = torch.arange(T * k, device="cuda")
+    row_of_entry[5] = 0
+    row_of_entry = row_of_entry.view(T, k)
+    x = torch.randn(T, width, device="cuda", generator=g).bfloat16()
+    dout = torch.randn(T, width, device="cuda", generator=g).bfloat16()
+    got = mok.scatter_rows([dout, x], row_of_entry, entry_of_row)
+    want = mok.testing.reference_scatter_rows([dout, x], row_of_entry, entry_of_row)
+    assert all(_same_bits(a, b) for a, b in zip(got, want))
+    again = mok.scatter_rows([dout, x], row_of_entry, entry_of_row)
+    assert all(_same_bits(a, b) for a, b in zip(got, again))
+    # Where a row gather by token would agree: every claimed row.
+    token_of_row = torch.div(entry_of_row.clamp_max(T * k - 1), k, rounding_mode="floor")
+    claimed = got[1].ne(0).any(1)
+    assert claimed.sum() >= T * k - 1
+    assert _same_bits(got[1][claimed], x.index_select(0, token_of_row)[claimed])
+    with pytest.raises(RuntimeError, match="row_of_entry must be Long"):
+        mok.scatter_rows([x], row_of_entry.int(), entry_of_row)
+
+
 def test_weight_grad_bf16_output_is_the_fp32_sum_rounded_once():
     off, rows, inside = _layout()
     M, m, n = inside.numel(), 192, 128

@@ -1,5 +1,5 @@
 """The backward's ops (grouped_mm_kn, swiglu_backward_mm, weight_grad_mm,
-weight_grad_mm_acc_) without a GPU: output shapes on meta tensors, each bad
+weight_grad_mm_acc_, scatter_rows) without a GPU: output shapes on meta tensors, each bad
 argument named (op_errors.hpp's convention), CPU tensors refused. Their values:
 test_backward_gpu.py."""
 
@@ -35,6 +35,26 @@ def test_output_shapes_and_dtypes():
     assert grad.shape == (G, 2 * I, H) and grad.dtype == torch.float32
     acc = _t(G, 2 * I, H, dtype=torch.float32)
     assert mok.weight_grad_mm_acc_(acc, _t(M, 2 * I), _t(M, H), off, rows) is acc
+    outs = mok.scatter_rows([_t(12, H), _t(12, 2 * I)], _t(12, 8, dtype=torch.long), _t(M, dtype=torch.long))
+    assert [o.shape for o in outs] == [(M, H), (M, 2 * I)] and outs[0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(sources=[]), r"sources must hold 1 to 4 tensors \(got 0\)"),
+    (lambda a: a.update(sources=[_t(12, H)] * 5), r"sources must hold 1 to 4 tensors \(got 5\)"),
+    (lambda a: a.update(sources=[_t(12, H), _t(11, H)]), r"sources\[1\] must be .* = \[12, 128\] \(got \[11, 128\]\)"),
+    (lambda a: a.update(sources=[_t(12, H, dtype=torch.float32)]), r"sources\[0\] must be BFloat16"),
+    (lambda a: a.update(sources=[_t(12, 12)]), "multiple of 8 columns"),
+    (lambda a: a.update(row_of_entry=_t(11, 8, dtype=torch.long)), r"row_of_entry must be \[tokens, k\]"),
+    (lambda a: a.update(row_of_entry=_t(12, 8, dtype=torch.int32)), "row_of_entry must be Long"),
+    (lambda a: a.update(entry_of_row=_t(M, 1, dtype=torch.long)), "entry_of_row must have 1 dimensions"),
+    (lambda a: a.update(row_of_entry=_t(12, 65, dtype=torch.long)), r"k = 65 must be in \[1, 64\]"),
+])
+def test_scatter_rows_names_a_bad_argument(change, message):
+    args = dict(sources=[_t(12, H)], row_of_entry=_t(12, 8, dtype=torch.long), entry_of_row=_t(M, dtype=torch.long))
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        mok.scatter_rows(**args)
 
 
 def _call(op, args):
@@ -90,35 +110,3 @@ def test_cpu_tensors_are_refused_by_name(op):
     first = {"swiglu_backward_mm": "dout_rows", "weight_grad_mm_acc_": "out"}.get(op, "a")
     with pytest.raises(RuntimeError, match=first + " is on cpu; mok runs on CUDA tensors"):
         _call(op, args)
-
-
-def test_gather_indices_set_the_row_count():
-    """With an index, the operand is a source of any row count and M is the index's length."""
-    off, rows = _tables()
-    idx = _t(M, dtype=torch.int32)
-    d13, act, dscale = mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows, idx)
-    assert d13.shape == (M, 2 * I) and act.shape == (M, I) and dscale.shape == (M,)
-    grad = mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, None, idx)
-    assert grad.shape == (G, 2 * I, H)
-    grad = mok.weight_grad_mm(_t(9, 2 * I), _t(5, H), off, rows, G, torch.bfloat16, idx, idx)
-    assert grad.shape == (G, 2 * I, H) and grad.dtype == torch.bfloat16
-    acc = _t(G, 2 * I, H, dtype=torch.float32)
-    assert mok.weight_grad_mm_acc_(acc, _t(M, 2 * I), _t(5, H), off, rows, None, idx) is acc
-
-
-@pytest.mark.parametrize("call, message", [
-    (lambda off, rows: mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows,
-                                              _t(M, dtype=torch.int64)), r"dout_index must be Int \(got Long\)"),
-    (lambda off, rows: mok.swiglu_backward_mm(_t(7, H), _t(G, H, I), _t(M, 2 * I), None, off, rows,
-                                              _t(M + 1, dtype=torch.int32)), r"preact must be \[M, 2I\]"),
-    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, None,
-                                          _t(M - 1, dtype=torch.int32)), "their row counts M differ"),
-    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(0, H), off, rows, G, None, None,
-                                          _t(M, dtype=torch.int32)), "b_index gathers rows of a tensor with none"),
-    (lambda off, rows: mok.weight_grad_mm(_t(M, 2 * I), _t(5, H), off, rows, G, None, _t(M, 2, dtype=torch.int32)),
-     "a_index must have 1 dimensions"),
-])
-def test_a_bad_gather_index_is_named(call, message):
-    off, rows = _tables()
-    with pytest.raises(RuntimeError, match=message):
-        call(off, rows)

@@ -147,4 +147,4 @@ def test_aot_autograd_traces_save_mode_without_the_recompute():
     # Save mode: the backward reads the kept gate/up; no grouped_mm recomputes it.
     assert "mok.grouped_mm.default" not in backward_targets, backward_targets
     assert {"mok.swiglu_backward_mm.default", "mok.grouped_mm_kn.default", "mok.weight_grad_mm.default",
-            "mok.row_combine.default"} <= backward_targets, backward_targets
+            "mok.row_combine.default", "mok.scatter_rows.default"} <= backward_targets, backward_targets

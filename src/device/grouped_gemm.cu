@@ -105,11 +105,9 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
   constexpr CUtensorMapDataType kType = Cfg::kElement == mok::ElementType::kE4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 
-  // A gathered a's map spans its source, in one-row boxes (gemm/gathered_rows.cuh).
-  const bool gathered = args.a_rows != nullptr && args.m_total > 0;  // (no rows: nothing read, plain shape)
-  const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(gathered ? args.a_source_rows : args.m_total)};
+  const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(args.m_total)};
   const cuuint64_t a_strides[1] = {row_bytes};
-  const cuuint32_t a_box[2] = {Cfg::kBlockK, gathered ? 1u : Cfg::kBlockM / Cfg::kClusterN};  // multicast: half
+  const cuuint32_t a_box[2] = {Cfg::kBlockK, Cfg::kBlockM / Cfg::kClusterN};  // multicast: each CTA loads half
   const CUtensorMap a_map = device::encode_operand_map("a", kType, args.a, 2, a_dims, a_strides, a_box);
 
   CUtensorMap b_map;
@@ -158,9 +156,6 @@ void launch(const GroupedGemmArgs& args, cudaStream_t stream) {
     params.swiglu_backward.parts = args.row_scale_grad != nullptr ? args.scratch : nullptr;
     params.swiglu_backward.n = static_cast<int>(args.n);
     params.swiglu_backward.parts_cols = static_cast<int>(swiglu_backward_parts(args.n));
-    if (args.a_rows != nullptr && args.m_total > 0) {
-      params.a_rows = {args.a_rows, static_cast<int32_t>(args.a_source_rows)};
-    }
   }
 
   // Upper bound on tasks without reading the device-resident counts: each
@@ -258,14 +253,6 @@ void validate_grouped_gemm(const GroupedGemmArgs& args) {
       require_pointer(args.row_scale_grad, "row_scale_grad", 4);
       require_pointer(args.scratch, "scratch (needed with row_scale_grad)", 16);
     }
-    if (args.a_rows != nullptr) {
-      require((args.a_source_rows >= 1 || args.m_total == 0) && args.a_source_rows <= kInt32Max, "a_source_rows",
-              args.a_source_rows,
-              "must be in [1, 2^31) when a is gathered");
-      if (args.m_total > 0) require_pointer(args.a_rows, "a_rows", 4);
-    }
-  } else if (args.a_rows != nullptr) {
-    throw Error("a_rows: gathered rows of a are read by the kSwiGLUBackward epilogue's tile only");
   }
   require(args.num_groups > 0, "num_groups", args.num_groups, "must be >= 1");
   require(args.k >= 64 && args.k % 64 == 0 && args.k <= kInt32Max, "k", args.k,

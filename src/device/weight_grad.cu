@@ -39,15 +39,6 @@ void validate_weight_grad(const WeightGradArgs& args) {
   require(out_elems <= kInt32Max * int64_t{2}, "num_groups * m * n", out_elems, "must be below 2^32");
   const int64_t tasks = static_cast<int64_t>(args.num_groups) * ((args.m + 127) / 128) * ((args.n + 255) / 256);
   require(tasks <= kInt32Max, "tile count", tasks, "must be below 2^31; split the call");
-  auto check_gather = [&](const int32_t* rows, int64_t source_rows, const char* rows_field,
-                           const char* source_field) {
-    if (rows == nullptr) return;
-    require((source_rows >= 1 || args.m_total == 0) && source_rows <= kInt32Max, source_field, source_rows,
-            "must be in [1, 2^31) when the operand is gathered");
-    if (args.m_total > 0) device::require_pointer(rows, rows_field, 4);
-  };
-  check_gather(args.a_rows, args.a_source_rows, "a_rows", "a_source_rows");
-  check_gather(args.b_rows, args.b_source_rows, "b_rows", "b_source_rows");
   if (args.m_total > 0) {
     device::require_pointer(args.a, "a", 16);
     device::require_pointer(args.b, "b", 16);
@@ -69,26 +60,17 @@ void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream) {
   validate_weight_grad(args);
   const cuuint64_t rows = static_cast<cuuint64_t>(args.m_total > 0 ? args.m_total : 1);
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(Cfg::kMNBlock), static_cast<cuuint32_t>(Cfg::kBlockK)};
-  // A gathered operand's map spans its source, in one-row boxes (gemm/gathered_rows.cuh).
-  // (No rows at all: nothing is read, and the maps keep the plain shape.)
-  const bool gather_a = args.a_rows != nullptr && args.m_total > 0;
-  const bool gather_b = args.b_rows != nullptr && args.m_total > 0;
-  const cuuint64_t a_rows_in_map = gather_a ? static_cast<cuuint64_t>(args.a_source_rows) : rows;
-  const cuuint64_t b_rows_in_map = gather_b ? static_cast<cuuint64_t>(args.b_source_rows) : rows;
-  const cuuint32_t row_box[2] = {static_cast<cuuint32_t>(Cfg::kMNBlock), 1};
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(args.m), a_rows_in_map};
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(args.m), rows};
   const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(args.m) * 2};
-  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(args.n), b_rows_in_map};
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(args.n), rows};
   const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(args.n) * 2};
   // With no rows every group is empty and nothing is read: the maps only
   // need a valid address, so they borrow out's.
   const void* some_out = args.out != nullptr ? static_cast<const void*>(args.out) : args.out_bf16;
   const void* a = args.m_total > 0 ? args.a : some_out;
   const void* b = args.m_total > 0 ? args.b : some_out;
-  const CUtensorMap a_map =
-      device::encode_bf16_map("a (rows x m)", a, 2, a_dims, a_strides, gather_a ? row_box : box);
-  const CUtensorMap b_map =
-      device::encode_bf16_map("b (rows x n)", b, 2, b_dims, b_strides, gather_b ? row_box : box);
+  const CUtensorMap a_map = device::encode_bf16_map("a (rows x m)", a, 2, a_dims, a_strides, box);
+  const CUtensorMap b_map = device::encode_bf16_map("b (rows x n)", b, 2, b_dims, b_strides, box);
   // bf16 output: the tiles are stored by TMA, [16 rows][64 columns] per box
   // (weight_grad_tile.cuh); fp32 output does not use a map (it gets a copy).
   CUtensorMap out_map = a_map;
@@ -109,8 +91,6 @@ void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream) {
   params.m = static_cast<int>(args.m);
   params.n = static_cast<int>(args.n);
   params.accumulate = args.accumulate ? 1 : 0;
-  if (gather_a) params.a_rows = {args.a_rows, static_cast<int32_t>(args.a_source_rows)};
-  if (gather_b) params.b_rows = {args.b_rows, static_cast<int32_t>(args.b_source_rows)};
 
   const int64_t tasks = static_cast<int64_t>(args.num_groups) * ((args.m + Cfg::kBlockM - 1) / Cfg::kBlockM) *
                         ((args.n + Cfg::kBlockN - 1) / Cfg::kBlockN);

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 
-#include "device/gemm/gathered_rows.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
@@ -80,39 +79,6 @@ __device__ __forceinline__ void load_tile(const GemmTensorMaps& maps, GemmShared
     } else {
       tma_load_3d(stage.b, maps.b, full, k0, tile.n0, tile.group);
     }
-    ring.advance();
-  }
-}
-
-// The producer warp (`lane` 0..31, all of them) when A is gathered
-// (gemm/gathered_rows.cuh; the A map then has one-row boxes of the source):
-// lane 0 announces the whole stage and loads B by TMA; every lane loads
-// tile rows lane, lane + 32, ... of A (rows past the tile's group from
-// source row 0: they feed output rows nobody stores). The bf16 tile with B
-// MN-major (the SwiGLU backward's W2) only.
-template <class Cfg>
-__device__ __forceinline__ void load_tile_gathered_a(const GemmTensorMaps& maps, GemmSharedStorage<Cfg>& smem,
-                                                     StageRing<Cfg::kStages>& ring, const GemmTile& tile,
-                                                     int k_blocks, const GatheredRows& a_rows, int lane) {
-  static_assert(Cfg::kElement == ElementType::kBF16 && Cfg::kBMajor == OperandMajor::kMN && Cfg::kClusterN == 1,
-                "a gathered A: the bf16 tile with B read k-by-n");
-  constexpr int kRowsPerLane = Cfg::kBlockM / 32;
-  int32_t sources[kRowsPerLane];  // the same for every k-block of the tile
-#pragma unroll
-  for (int i = 0; i < kRowsPerLane; ++i) {
-    const int row = tile.row0 + lane + 32 * i;
-    sources[i] = source_of(a_rows, row, row < tile.row_end);
-  }
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    auto& stage = smem.stages[ring.stage];
-    uint64_t* const full = &ring.full[ring.stage];
-    const int k0 = kb * Cfg::kBlockK;
-    if (lane == 0) {
-      ring.producer_acquire(Cfg::kStageBytes);
-      load_b_kn_boxes<Cfg>(stage.b, maps.b, full, tile.n0, k0, tile.group);
-    }
-    __syncwarp();  // the stage is free and its bytes announced before any lane's copy lands
-    load_gathered_rows<kRowsPerLane, 1>(stage.a, 0, maps.a, full, a_rows, sources, k0, lane);
     ring.advance();
   }
 }

@@ -22,7 +22,6 @@
 
 #include <cstdint>
 
-#include "device/gemm/gathered_rows.cuh"
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_mainloop.cuh"
@@ -69,57 +68,6 @@ __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps
     load_mn_boxes<Cfg, Cfg::kBlockM>(stage.a, maps.a, full, tile.m0, row);
     load_mn_boxes<Cfg, Cfg::kBlockN>(stage.b, maps.b, full, tile.n0, row);
     ring.advance();
-  }
-}
-
-// The producer warp (`lane` 0..31, all of them) when A or B or both are
-// gathered (gemm/gathered_rows.cuh; index null: that operand's map has whole
-// boxes, as above): lane 0 announces the whole stage and loads what is not
-// gathered; every lane loads stage rows lane and lane + 32 of the gathered
-// operands as one-row boxes (rows past the group from source row 0: the
-// consumers clear them, as they clear the next group's rows after whole
-// boxes).
-template <class Cfg>
-__device__ __forceinline__ void load_weight_grad_tile_gathered(const GemmTensorMaps& maps,
-                                                               GemmSharedStorage<Cfg>& smem,
-                                                               StageRing<Cfg::kStages>& ring,
-                                                               const WeightGradTile& tile, const GatheredRows& a_rows,
-                                                               const GatheredRows& b_rows, int lane) {
-  static_assert(Cfg::kAMajor == OperandMajor::kMN && Cfg::kBMajor == OperandMajor::kMN);
-  static_assert(Cfg::kBlockK == 64, "two stage rows a lane");
-  const bool gather_a = a_rows.index != nullptr;
-  const bool gather_b = b_rows.index != nullptr;
-  const int k_blocks = weight_grad_k_blocks<Cfg>(tile);
-  int32_t a_source[2], b_source[2];
-  auto sources = [&](int kb) {  // read a stage ahead
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = kb * Cfg::kBlockK + lane + 32 * i;
-      a_source[i] = gather_a ? source_of(a_rows, tile.row0 + r, r < tile.rows) : 0;
-      b_source[i] = gather_b ? source_of(b_rows, tile.row0 + r, r < tile.rows) : 0;
-    }
-  };
-  sources(0);
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    auto& stage = smem.stages[ring.stage];
-    uint64_t* const full = &ring.full[ring.stage];
-    const int row = tile.row0 + kb * Cfg::kBlockK;
-    if (lane == 0) {
-      ring.producer_acquire(Cfg::kStageBytes);
-      if (!gather_a) load_mn_boxes<Cfg, Cfg::kBlockM>(stage.a, maps.a, full, tile.m0, row);
-      if (!gather_b) load_mn_boxes<Cfg, Cfg::kBlockN>(stage.b, maps.b, full, tile.n0, row);
-    }
-    __syncwarp();  // the stage is free and its bytes announced before any lane's copy lands
-    if (gather_a) {
-      load_gathered_rows<2, Cfg::kBlockM / 64>(stage.a, kMNBoxBytes<Cfg>, maps.a, full, a_rows, a_source, tile.m0,
-                                               lane);
-    }
-    if (gather_b) {
-      load_gathered_rows<2, Cfg::kBlockN / 64>(stage.b, kMNBoxBytes<Cfg>, maps.b, full, b_rows, b_source, tile.n0,
-                                               lane);
-    }
-    ring.advance();
-    if (kb + 1 < k_blocks) sources(kb + 1);
   }
 }
 

@@ -34,7 +34,6 @@ struct GroupedGemmParams {
   SwigluBackwardOutputs swiglu_backward;  // kSwiGLUBackward's extra inputs and outputs (out is unused)
   Fp8Scales fp8;                          // e4m3 operands' scales
   uint8_t* out_scales;                    // kSwiGLUQuantize: ue8m0 [m_total, n_cols / 128] (out holds e4m3 bytes)
-  GatheredRows a_rows;  // kSwiGLUBackward: index non-null = A's rows read through it (gemm/gathered_rows.cuh)
 };
 
 // Named barriers of this kernel (0 is __syncthreads).
@@ -111,24 +110,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
     if constexpr (Cfg::kEpilogue == EpilogueKind::kSwiGLUBackward) {
-      // The first warp walks the tiles: lane 0 loads each by TMA (with A
-      // gathered, every lane loads its rows of A: gemm/gathered_rows.cuh);
-      // then every lane prefetches a share of the tile's epilogue inputs.
-      // When a tile's loads are issued, its consumers are at most kStages
-      // k-blocks from the end of its K loop: early enough for DRAM, late
-      // enough that the operands streaming through L2 meanwhile do not evict
-      // them.
-      const bool gather_a = params.a_rows.index != nullptr;
+      // The whole first warp walks the tiles: lane 0 loads each, then every
+      // lane prefetches a share of its epilogue's inputs. When load_tile
+      // returns, the consumers are at most kStages k-blocks from the end of
+      // that tile's K loop: early enough for DRAM, late enough that the
+      // operands streaming through L2 meanwhile do not evict them.
       if (threadIdx.x < 32) {
         const int lane = static_cast<int>(threadIdx.x);
         GemmTile tile;
         while (walker.next(tile)) {
           tile.n0 += n_shift;
-          if (gather_a) {
-            load_tile_gathered_a<Cfg>(maps, smem, ring, tile, k_blocks, params.a_rows, lane);
-          } else if (lane == 0) {
-            load_tile<Cfg>(maps, smem, ring, tile, k_blocks);
-          }
+          if (lane == 0) load_tile<Cfg>(maps, smem, ring, tile, k_blocks);
           __syncwarp();
           prefetch_swiglu_backward_inputs<Cfg>(tile, params.swiglu_backward, lane);
         }

@@ -1,6 +1,5 @@
 // The standalone persistent weight-gradient kernel: setup, then one branch
-// per warpgroup role (warpgroup 0 the producer: one thread's TMA, or with a
-// gathered operand the first warp's; 1.. the consumers), all
+// per warpgroup role (warpgroup 0 the TMA producer, 1.. the consumers), all
 // walking the same task list (sched/weight_grad_tiles.cuh). out_map: the
 // bf16 output as bf16 {n, groups x m}, box {64, 16}, 128-byte swizzle (bf16
 // tiles are stored by TMA); unused for fp32 output.
@@ -29,8 +28,6 @@ struct WeightGradParams {
   int m;
   int n;
   int accumulate;  // nonzero: out += the sum
-  GatheredRows a_rows;  // index non-null: A's rows read through it (a_map unused), gemm/gathered_rows.cuh
-  GatheredRows b_rows;  // the same for B
 };
 
 // Named barriers of this kernel (0 is __syncthreads).
@@ -50,7 +47,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-  const bool gathered = params.a_rows.index != nullptr || params.b_rows.index != nullptr;
   if (threadIdx.x == 0) {
     StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
     tma_prefetch_descriptor(&a_map);
@@ -69,15 +65,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
-    const GemmTensorMaps maps{&a_map, &b_map};
-    if (gathered) {  // the first warp: lane 0 as below, every lane its rows of the gathered operands
-      if (threadIdx.x < 32) {
-        while (walker.next(tile)) {
-          load_weight_grad_tile_gathered<Cfg>(maps, smem, ring, tile, params.a_rows, params.b_rows,
-                                              static_cast<int>(threadIdx.x));
-        }
-      }
-    } else if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      const GemmTensorMaps maps{&a_map, &b_map};
       while (walker.next(tile)) load_weight_grad_tile<Cfg>(maps, smem, ring, tile);
     }
   } else {
