@@ -1,0 +1,153 @@
+"""Energy per call of the backward's kernels, the training forward and whole
+steps, against the dense bf16 matmul, on the DeepSeek-V3 slice (one GPU).
+
+The H200 holds its power cap by lowering its clocks, so a sustained pass is
+as fast as its energy per useful FLOP allows (docs/perf-notes.md, "The power
+cap"). Each item runs back to back for about a second; NVML's energy
+counter (read through ctypes: no package needed) gives joules per call, a
+sampler thread the mean SM clock. Printed per item: time per call, joules,
+mean watts and clock, and pJ per useful FLOP (GEMMs) or per byte moved (row
+copies). An item that needs less energy per FLOP than another runs at a
+higher clock under the cap: this table says which kernels to make leaner,
+where time tables alone say only which are long.
+
+usage: python3 bench/bench_energy.py [--seconds 1.0]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fused_forward import forward_flops, make_layer, torch_native  # noqa: E402
+import mok  # noqa: E402  (bench_fused_forward put python/ on the path)
+from mok import staged_backward  # noqa: E402
+
+
+class Nvml:
+    """NVML's energy counter (mJ) and SM clock for the current CUDA device."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit_v2 failed")
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0".encode()
+        self.handle = ctypes.c_void_p()
+        if self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(self.handle)) != 0:
+            raise RuntimeError(f"no NVML device at bus id {bus.decode()}")
+
+    def energy_mj(self) -> int:
+        e = ctypes.c_ulonglong()
+        if self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(e)) != 0:
+            raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
+        return e.value
+
+    def sm_mhz(self) -> int:
+        mhz = ctypes.c_uint()
+        self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
+        return mhz.value
+
+
+def measure(nvml: Nvml, fn, seconds: float):
+    """(ms per call, J per call, mean W, mean SM MHz) of fn run back to back."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - start < 0.2:  # calls per second, roughly
+        fn()
+        calls += 1
+    torch.cuda.synchronize()
+    n = max(3, int(calls * seconds / (time.perf_counter() - start)))
+    clocks, done = [], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            clocks.append(nvml.sm_mhz())
+            time.sleep(0.005)
+    sampler = threading.Thread(target=sample)
+    e0, t0 = nvml.energy_mj(), time.perf_counter()
+    sampler.start()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    t1, e1 = time.perf_counter(), nvml.energy_mj()
+    done.set()
+    sampler.join()
+    joules = (e1 - e0) / 1e3
+    return (t1 - t0) * 1e3 / n, joules / n, joules / (t1 - t0), sum(clocks) / max(1, len(clocks))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back stretch per item")
+    args = parser.parse_args()
+    nvml = Nvml()
+    T, H, I, E, k, S = 4096, 7168, 2048, 32, 8, 2048
+    x, ids, w, w13, w2, sw13, sw2 = make_layer(T, H, I, E, k, S)
+    s = staged_backward.routed_schedule(ids, E)
+    M = T * k
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def rand(*shape):
+        return (torch.rand(*shape, device="cuda", generator=g) * 2 - 1).bfloat16()
+    dout, preact, d13, hw = rand(T, H), rand(M, 2 * I), rand(M, 2 * I), rand(M, I)
+    dout_rows, x_rows = mok.scatter_rows([dout, x], s.row_of_entry.view(T, k), s.entry_of_row)
+    w_rows = w.reshape(-1).index_select(0, s.entry_of_row).contiguous()
+    off, rows = s.group_offset, s.group_rows
+    dx_rows = mok.grouped_mm_kn(d13, w13, off, rows)
+    slot_rows = s.row_of_entry.view(T, k).to(torch.int32)
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    b = torch.randn(8192, 8192, device="cuda").bfloat16()
+    fwd = forward_flops(T, H, I, k, S)
+
+    def mok_step():
+        leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
+        out = mok.fused_forward([leaves[0]], [ids], [leaves[1]], [leaves[2]], [leaves[3]], leaves[4], leaves[5],
+                                num_experts=E, save_activations=True)[0]
+        torch.autograd.grad(out, leaves, dout)
+
+    def native_step():
+        leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
+        out = torch_native(leaves[0], ids, *leaves[1:])
+        torch.autograd.grad(out, leaves, dout)
+
+    # (name, fn, useful FLOP or None, bytes moved or None)
+    items = [
+        ("dense matmul 8192^3", lambda: a @ b, 2 * 8192**3, None),
+        ("training forward (save mode)", lambda: mok.fused_forward(
+            [x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, save_activations=True), fwd, None),
+        ("scatter_rows x, dout", lambda: mok.scatter_rows([dout, x], s.row_of_entry.view(T, k), s.entry_of_row),
+         None, 2 * (T + M) * H * 2),
+        ("swiglu_backward_mm (routed)", lambda: mok.swiglu_backward_mm(dout_rows, w2, preact, w_rows, off, rows),
+         2 * M * H * I, None),
+        ("grouped_mm_kn dx (routed)", lambda: mok.grouped_mm_kn(d13, w13, off, rows), 4 * M * I * H, None),
+        ("weight_grad_mm dW13 (routed, bf16)", lambda: mok.weight_grad_mm(d13, x_rows, off, rows, E, torch.bfloat16),
+         4 * M * I * H, None),
+        ("weight_grad_mm dW2 (routed, bf16)", lambda: mok.weight_grad_mm(dout_rows, hw, off, rows, E, torch.bfloat16),
+         2 * M * H * I, None),
+        ("row_combine dx", lambda: mok.row_combine(dx_rows, slot_rows, dout), None, (M + 2 * T) * H * 2),
+        ("mok forward+backward (save mode)", mok_step, 3 * fwd, None),
+        ("native forward+backward", native_step, 3 * fwd, None),
+    ]
+    print(f"device: {torch.cuda.get_device_name()}; DeepSeek-V3 slice (T {T}, H {H}, I {I}, {E} experts, top-{k}, "
+          f"shared {S}); each item back to back for ~{args.seconds:.1f} s", flush=True)
+    print(f"{'item':<36} {'ms':>8} {'J':>8} {'W':>6} {'MHz':>6} {'TFLOP/s':>8} {'pJ/FLOP':>8} {'pJ/B':>6}")
+    for name, fn, flops, nbytes in items:
+        ms, joules, watts, mhz = measure(nvml, fn, args.seconds)
+        rate = f"{flops / ms / 1e9:8.0f}" if flops else f"{'':>8}"
+        per_flop = f"{joules / flops * 1e12:8.3f}" if flops else f"{'':>8}"
+        per_byte = f"{joules / nbytes * 1e12:6.1f}" if nbytes else f"{'':>6}"
+        print(f"{name:<36} {ms:8.3f} {joules:8.4f} {watts:6.0f} {mhz:6.0f} {rate} {per_flop} {per_byte}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
