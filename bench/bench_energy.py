@@ -11,7 +11,14 @@ copies). An item that needs less energy per FLOP than another runs at a
 higher clock under the cap: this table says which kernels to make leaner,
 where time tables alone say only which are long.
 
-usage: python3 bench/bench_energy.py [--seconds 1.0]
+--weight-grad-k instead measures the weight-gradient GEMM per clock against
+its K (an expert's rows): the same 32768 rows as 32 groups of 1024, 8 of
+4096 and 2 of 16384, beside dx's grouped_mm_kn and the dense matmul. If the
+TFLOP/s per GHz climbs to dx's as K grows, what the weight gradient loses
+per clock is paid per tile (drain, epilogue, the tail's clearing), not in
+its K loop.
+
+usage: python3 bench/bench_energy.py [--seconds 1.0] [--weight-grad-k]
 """
 from __future__ import annotations
 
@@ -86,11 +93,52 @@ def measure(nvml: Nvml, fn, seconds: float):
     return (t1 - t0) * 1e3 / n, joules / n, joules / (t1 - t0), sum(clocks) / max(1, len(clocks))
 
 
+def print_row(name, flops, nbytes, ms, joules, watts, mhz):
+    rate = f"{flops / ms / 1e9:8.0f}" if flops else f"{'':>8}"
+    per_flop = f"{joules / flops * 1e12:8.3f}" if flops else f"{'':>8}"
+    per_ghz = f"{flops / ms / 1e6 / mhz:8.0f}" if flops else f"{'':>8}"
+    per_byte = f"{joules / nbytes * 1e12:6.1f}" if nbytes else f"{'':>6}"
+    print(f"{name:<36} {ms:8.3f} {joules:8.4f} {watts:6.0f} {mhz:6.0f} {rate} {per_ghz} {per_flop} {per_byte}",
+          flush=True)
+
+
+HEADER = (f"{'item':<36} {'ms':>8} {'J':>8} {'W':>6} {'MHz':>6} {'TFLOP/s':>8} {'per GHz':>8} {'pJ/FLOP':>8} "
+          f"{'pJ/B':>6}")
+
+
+def weight_grad_against_k(nvml, seconds):
+    """dW13's GEMM on 32768 rows cut into groups of 1024, 4096 and 16384."""
+    M, H, I, E = 32768, 7168, 2048, 32
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def rand(*shape, scale=1.0):
+        return ((torch.rand(*shape, device="cuda", generator=g) * 2 - 1) * scale).bfloat16()
+    d13, x_rows, w13 = rand(M, 2 * I), rand(M, H), rand(E, 2 * I, H, scale=H ** -0.5)
+    a, b = torch.randn(8192, 8192, device="cuda").bfloat16(), torch.randn(8192, 8192, device="cuda").bfloat16()
+
+    def tables(groups, rows):
+        return (torch.arange(groups + 1, dtype=torch.int32, device="cuda") * rows,
+                torch.full((groups,), rows, dtype=torch.int32, device="cuda"))
+    print(HEADER)
+    print_row("dense matmul 8192^3", 2 * 8192**3, None, *measure(nvml, lambda: a @ b, seconds))
+    off, counts = tables(E, M // E)
+    print_row(f"dx grouped_mm_kn {E} x {M // E}", 4 * M * I * H, None,
+              *measure(nvml, lambda: mok.grouped_mm_kn(d13, w13, off, counts), seconds))
+    for groups in (32, 8, 2):
+        off, counts = tables(groups, M // groups)
+        print_row(f"dW13 {groups} groups x {M // groups} rows", 4 * M * I * H, None, *measure(
+            nvml, lambda: mok.weight_grad_mm(d13, x_rows, off, counts, groups, torch.bfloat16), seconds))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back stretch per item")
+    parser.add_argument("--weight-grad-k", action="store_true", help="the weight gradient per clock against K")
     args = parser.parse_args()
     nvml = Nvml()
+    if args.weight_grad_k:
+        weight_grad_against_k(nvml, args.seconds)
+        return
     T, H, I, E, k, S = 4096, 7168, 2048, 32, 8, 2048
     x, ids, w, w13, w2, sw13, sw2 = make_layer(T, H, I, E, k, S)
     s = staged_backward.routed_schedule(ids, E)
@@ -140,13 +188,9 @@ def main():
     ]
     print(f"device: {torch.cuda.get_device_name()}; DeepSeek-V3 slice (T {T}, H {H}, I {I}, {E} experts, top-{k}, "
           f"shared {S}); each item back to back for ~{args.seconds:.1f} s", flush=True)
-    print(f"{'item':<36} {'ms':>8} {'J':>8} {'W':>6} {'MHz':>6} {'TFLOP/s':>8} {'pJ/FLOP':>8} {'pJ/B':>6}")
+    print(HEADER)
     for name, fn, flops, nbytes in items:
-        ms, joules, watts, mhz = measure(nvml, fn, args.seconds)
-        rate = f"{flops / ms / 1e9:8.0f}" if flops else f"{'':>8}"
-        per_flop = f"{joules / flops * 1e12:8.3f}" if flops else f"{'':>8}"
-        per_byte = f"{joules / nbytes * 1e12:6.1f}" if nbytes else f"{'':>6}"
-        print(f"{name:<36} {ms:8.3f} {joules:8.4f} {watts:6.0f} {mhz:6.0f} {rate} {per_flop} {per_byte}", flush=True)
+        print_row(name, flops, nbytes, *measure(nvml, fn, args.seconds))
 
 
 if __name__ == "__main__":
