@@ -10,7 +10,7 @@ experts in global order):
   schedule   (token, slot) entries token-major, stable-sorted by expert id: each
              expert's rows in global token order (the order its weight
              gradients sum in, the same at any world size), no padding
-  x_rows, dout_rows = scatter_rows([x, dout])           each token's rows to its k rows, one pass
+  dout_rows, x_rows = scatter_rows([dout, x])           each token's rows to its k rows, one pass
   preact     = grouped_mm(x_rows, W13)                  [gate | up], recomputed
   d13, w*h, dw = swiglu_backward_mm(dout_rows, W2, preact, w_rows)
   dx_j       = grouped_mm_kn(d13, W13)                  one bf16 row per (token, slot)
