@@ -170,20 +170,19 @@ def reference_row_combine(rows, row_index, base):
 
 def reference_scatter_rows(sources, row_of_entry, entry_of_row):
     """mok.scatter_rows: for each source [T, width], out [M, width] with row r
-    = source[e // k] where entry e = entry_of_row[r] claims it (row_of_entry
-    [T, k] flattened has row r at e), else zeros."""
-    T, k = row_of_entry.shape
+    = source[e // k] where entry e (row_of_entry [T, k] flattened) and row r
+    name each other (row_of_entry[e] == r, entry_of_row[r] == e), else zeros."""
+    k = row_of_entry.shape[1]
     M = entry_of_row.shape[0]
-    flat = row_of_entry.reshape(-1)
-    entry = entry_of_row.long()
-    in_range = (entry >= 0) & (entry < T * k)
-    claimed = in_range & (flat.index_select(0, entry.clamp(0, max(T * k - 1, 0))) == torch.arange(M, device=entry.device)) \
-        if T * k else torch.zeros(M, dtype=torch.bool, device=entry.device)
-    token = torch.div(entry.clamp_min(0), k, rounding_mode="floor").clamp_max(max(T - 1, 0))
-    out = []
-    for src in sources:
-        rows = src.index_select(0, token) if T else src.new_zeros(M, src.shape[1])
-        out.append(torch.where(claimed.unsqueeze(1), rows, torch.zeros_like(rows)))
+    rows = row_of_entry.reshape(-1).long()
+    entries = torch.arange(rows.numel(), device=rows.device)
+    in_range = (rows >= 0) & (rows < M)
+    rows, entries = rows[in_range], entries[in_range]
+    agree = entry_of_row.long()[rows] == entries
+    rows, entries = rows[agree], entries[agree]
+    out = [src.new_zeros(M, src.shape[1]) for src in sources]
+    for o, src in zip(out, sources):
+        o[rows] = src[entries // k]
     return out
 
 
