@@ -18,6 +18,7 @@
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/cluster.cuh"
 #include "device/ptx/wgmma.cuh"
+#include "device/sched/group_table.cuh"
 #include "device/sched/grouped_tiles.cuh"
 
 namespace mok::device {
@@ -39,17 +40,12 @@ struct GroupedGemmParams {
 // Named barriers of this kernel (0 is __syncthreads).
 inline constexpr int kBarrierGemmExchange = 1;  // the split-N gate/up tile's two consumer warpgroups
 
-// Groups whose counts the kernel copies to shared memory (more: read from
-// global memory as the walk goes).
-inline constexpr int kSmemGroups = 512;
-
 // The grouped GEMM's shared memory: the tile pipeline plus the group table
 // (only this kernel has one; the fused kernel's tasks know their expert).
 template <class Cfg>
 struct GroupedGemmShared {
   GemmSharedStorage<Cfg> gemm;
-  int32_t group_rows[kSmemGroups];
-  int32_t group_offset[kSmemGroups];
+  SmemGroupTable groups;
   // The split-N gate/up tile's exchange between the consumer warpgroups (4
   // floats elsewhere, the plain split-N tile included: no zero-size arrays).
   alignas(16) float exchange[Cfg::kExchangeFloats > 0 ? Cfg::kExchangeFloats : 4];
@@ -76,15 +72,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     tma_prefetch_descriptor(&a_map);
     tma_prefetch_descriptor(&b_map);
   }
-  // Group counts: a shared-memory copy keeps global-load latency out of the
-  // consumers' path between tiles.
-  const bool counts_in_smem = params.num_groups <= kSmemGroups;
-  if (counts_in_smem) {
-    for (int g = threadIdx.x; g < params.num_groups; g += Cfg::kThreads) {
-      shared.group_rows[g] = params.group_rows[g];
-      shared.group_offset[g] = params.group_offset[g];
-    }
-  }
+  const bool table_in_smem =
+      stage_group_table<Cfg::kThreads>(shared.groups, params.group_offset, params.group_rows, params.num_groups);
   __syncthreads();
   // The peer's barriers must be initialised before this CTA multicasts into
   // its stages or arrives on them.
@@ -94,8 +83,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // A cluster walks tiles kClusterN n-tiles wide; its CTA r takes the r-th
   // (the host guarantees n is a multiple of that width).
   GroupedTileWalker<Cfg::kBlockM, Cfg::kOutCols * Cfg::kClusterN> walker{
-      counts_in_smem ? shared.group_offset : params.group_offset,
-      counts_in_smem ? shared.group_rows : params.group_rows,
+      table_in_smem ? shared.groups.offset : params.group_offset,
+      table_in_smem ? shared.groups.rows : params.group_rows,
       params.num_groups,
       (params.n_cols + Cfg::kOutCols * Cfg::kClusterN - 1) / (Cfg::kOutCols * Cfg::kClusterN),
       params.band,

@@ -15,6 +15,7 @@
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"
 #include "device/ptx/wgmma.cuh"
+#include "device/sched/group_table.cuh"
 #include "device/sched/weight_grad_tiles.cuh"
 
 namespace mok::device {
@@ -34,8 +35,14 @@ struct WeightGradParams {
 inline constexpr int kBarrierWeightGradClear = 1;  // the consumers, after clearing rows past a group
 
 template <class Cfg>
+struct WeightGradShared {
+  GemmSharedStorage<Cfg> gemm;
+  SmemGroupTable groups;
+};
+
+template <class Cfg>
 constexpr int weight_grad_smem_bytes() {
-  return static_cast<int>(sizeof(GemmSharedStorage<Cfg>)) + 1024;
+  return static_cast<int>(sizeof(WeightGradShared<Cfg>)) + 1024;
 }
 
 // kBf16: the bf16 output (params.out_bf16), else the fp32 one -- one
@@ -45,20 +52,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     weight_grad_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                        const __grid_constant__ CUtensorMap out_map, const WeightGradParams params) {
   extern __shared__ uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>(
+  auto& shared = *reinterpret_cast<WeightGradShared<Cfg>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  GemmSharedStorage<Cfg>& smem = shared.gemm;
   if (threadIdx.x == 0) {
     StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
     tma_prefetch_descriptor(&a_map);
     tma_prefetch_descriptor(&b_map);
   }
+  const bool table_in_smem =
+      stage_group_table<Cfg::kThreads>(shared.groups, params.group_offset, params.group_rows, params.num_groups);
   __syncthreads();
 
   const int m_tiles = (params.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int n_tiles = (params.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker{params.group_offset, params.group_rows, m_tiles, n_tiles,
+  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker{table_in_smem ? shared.groups.offset : params.group_offset,
+                                                          table_in_smem ? shared.groups.rows : params.group_rows,
+                                                          m_tiles,
+                                                          n_tiles,
                                                           params.num_groups * m_tiles * n_tiles,
-                                                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
+                                                          static_cast<int>(blockIdx.x),
+                                                          static_cast<int>(gridDim.x)};
   StageRing<Cfg::kStages> ring{smem.full, smem.empty};
   const int warpgroup = threadIdx.x / 128;
   WeightGradTile tile;
