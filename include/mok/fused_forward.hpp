@@ -56,7 +56,7 @@ struct FusedForwardOptions {
                               // (capped at ring_slots; docs/protocol.md)
   int ctas_per_rank = 0;      // SMs per rank; 0 = all SMs / R
   int comm_ctas_per_rank = 0; // of those, dispatch CTAs; 0 = enough to feed the GEMMs, from the layer's
-                              // bytes per FLOP (4 of 132 for DeepSeek-V3, 6 for Qwen3-235B at EP 8)
+                              // rows per FLOP (4 of 132 for DeepSeek-V3 at EP 8, 30 for Qwen3-30B-A3B)
   double timeout_seconds = 5.0;  // in (0, 8]: a wait longer than this aborts the pass with an error
   std::vector<int> devices;   // empty: virtual world on the current GPU; else devices[r] serves rank r
   int trace_events = 0;       // > 0: record a timeline of each pass, up to this many events in all,

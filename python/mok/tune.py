@@ -182,7 +182,7 @@ def read_grid(text: str) -> dict:
 
 # The values tried per option, in walk order (an option left out of the best
 # set keeps the library's default or rule, e.g. the dispatch CTAs from the
-# layer's bytes per FLOP). One list for both tuners: mok_cli has the file built in.
+# layer's rows per FLOP). One list for both tuners: mok_cli has the file built in.
 DEFAULT_GRID = read_grid((pathlib.Path(__file__).parent / "tuning_grid.txt").read_text())
 
 
