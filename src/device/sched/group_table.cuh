@@ -1,10 +1,11 @@
 // A grouped kernel's group table (each group's first row and row count) in
-// shared memory. Every role reads a group's entry when its walk reaches the
-// group's first tile, right between two tiles: from global memory that is an
-// L2 round trip (~1 us under a GEMM's load) on the path from one tile's last
-// k-block to the next tile's first, in the producer (the next TMA waits for
-// the row) and in the consumers (the K loop's length). Copied once at the
-// start, it is a shared-memory load.
+// shared memory. Every role reads its next tile's entry between two tiles:
+// from global memory that is an L2 round trip under the GEMM's load, on the
+// path from one tile's last k-block to the next tile's first, in the
+// producer (the next TMA waits for the row) and in the consumers (the K
+// loop's length). Copied once at the start, it is a shared-memory load
+// (docs/perf-notes.md v6: the weight gradient's stage waits 8.5 -> 5.3% of
+// its stall samples).
 #pragma once
 
 #include <cstdint>
