@@ -41,7 +41,8 @@ struct GroupedGemmParams {
 inline constexpr int kBarrierGemmExchange = 1;  // the split-N gate/up tile's two consumer warpgroups
 
 // The grouped GEMM's shared memory: the tile pipeline plus the group table
-// (only this kernel has one; the fused kernel's tasks know their expert).
+// (as the weight-gradient kernel's; the fused kernel's tasks know their
+// expert).
 template <class Cfg>
 struct GroupedGemmShared {
   GemmSharedStorage<Cfg> gemm;
