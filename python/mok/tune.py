@@ -171,18 +171,70 @@ class SearchResult:
 
 def read_grid(text: str) -> dict:
     """The grid of tuning_grid.txt's format: one option a line, its name then
-    its values, '#' starting a comment (tools/tune/tuning_grid.cpp parses the same)."""
+    its values, '#' starting a comment (tools/tune/tuning_grid.cpp parses the
+    same). A value is an int, or 'x' and a positive factor of the value the
+    library picks for the layer, kept as written ("x1.5") until resolve_grid."""
     grid = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
-        if words:
-            grid[words[0]] = [int(v) for v in words[1:]]
+        if not words:
+            continue
+        values = []
+        for word in words[1:]:
+            try:
+                if word.startswith("x") and len(word) > 1:
+                    factor = float(word[1:])
+                    if not (factor > 0 and math.isfinite(factor)):
+                        raise ValueError(word)
+                    values.append(word)
+                else:
+                    values.append(int(word))
+            except ValueError:
+                raise ValueError(f"tuning grid line {number}: '{word}' is neither an integer nor 'x' "
+                                 "and a positive factor") from None
+        grid[words[0]] = values
     return grid
 
 
-# The values tried per option, in walk order (an option left out of the best
-# set keeps the library's default or rule, e.g. the dispatch CTAs from the
-# layer's rows per FLOP). One list for both tuners: mok_cli has the file built in.
+def resolve_grid(grid: dict, library: dict) -> dict:
+    """The grid for a layer whose library-chosen option values are `library`
+    (by name): a factor "xF" becomes floor(F * value + 0.5), at least 1, and is
+    dropped where it lands on the library's value (the walk's start) or on a
+    value the option lists already; ints are kept as written
+    (tools/tune/tuning_grid.cpp's resolve_grid, the same rule)."""
+    out = {}
+    for name, values in grid.items():
+        numbers = []
+        for v in values:
+            if isinstance(v, int):
+                numbers.append(v)
+                continue
+            if name not in library:
+                raise ValueError(f"tuning grid: '{name}' has factors but no library value to scale")
+            n = max(1, math.floor(float(v[1:]) * library[name] + 0.5))
+            if n != library[name] and n not in numbers:
+                numbers.append(n)
+        out[name] = numbers
+    return out
+
+
+def library_values(hidden, intermediate, experts, top_k, shared, tokens, world=1, fp8=False, sms=None) -> dict:
+    """The option values the library picks for a layer that the grid's
+    factors scale: the dispatch CTAs of its rule (plan/sm_split.cpp), for
+    one rank per GPU of `sms` SMs (default: the current GPU's)."""
+    import torch  # the package's import loaded the op's library
+
+    if sms is None:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    comm = torch.ops.mok.default_comm_ctas_per_rank(hidden, intermediate, experts, top_k, shared, tokens, world,
+                                                    sms, fp8)
+    return {"comm_ctas_per_rank": int(comm)}
+
+
+# The values tried per option, in walk order, as written (factors
+# unresolved: resolve_grid gives a layer's). An option left out of the best
+# set keeps the library's default or rule. One list for both tuners: mok_cli
+# has the file built in.
 DEFAULT_GRID = read_grid((pathlib.Path(__file__).parent / "tuning_grid.txt").read_text())
 
 
@@ -383,7 +435,9 @@ def main(argv=None) -> int:
                       shared_w13, shared_w2)
         forward = fused_forward_fp8
     compare = paired_compare(layer_args, args.experts, forward=forward)
-    result = search({}, DEFAULT_GRID, compare, args.budget)
+    grid = resolve_grid(DEFAULT_GRID, library_values(args.hidden, args.intermediate, args.experts, args.top_k,
+                                                     args.shared, args.tokens, fp8=args.fp8))
+    result = search({}, grid, compare, args.budget)
     print(table(result))
     key = current_key(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, args.tokens,
                       precision="fp8" if args.fp8 else "bf16")

@@ -22,8 +22,14 @@ def _cost(options):
     return 5.0 + 1e-7 * (mb - 3072) ** 2 + 0.1 * (ctas - 5) ** 2 + 0.03 * abs(slots - 3) + 0.05 * abs(look - 2)
 
 
+# The grid for a layer whose rule picks 4 dispatch CTAs (the cost model's
+# default): every factor lands on a number the grid lists already
+# (tests/cpu/test_tune_search.cpp walks the same grid).
+GRID = tune.resolve_grid(tune.DEFAULT_GRID, {"comm_ctas_per_rank": 4})
+
+
 def test_search_finds_the_cost_models_minimum():
-    result = tune.search({}, tune.DEFAULT_GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
+    result = tune.search({}, GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
     # lookahead 2 is the default already: the best set need not name it.
     assert result.best == {"minibatch_rows": 3072, "comm_ctas_per_rank": 5, "ring_slots": 3}
     assert _cost(result.best) == 5.0
@@ -37,12 +43,12 @@ def test_search_finds_the_cost_models_minimum():
 def test_gains_within_the_noise_margin_are_not_taken():
     def flat(a, b):
         return 0.998 if a.get("minibatch_rows") == 512 else 1.0
-    result = tune.search({}, tune.DEFAULT_GRID, flat, budget_s=30, margin=0.005, progress=False)
+    result = tune.search({}, GRID, flat, budget_s=30, margin=0.005, progress=False)
     assert result.best == {} and result.speedup == 1.0
 
 
 def test_the_budget_is_honoured():
-    assert tune.search({}, tune.DEFAULT_GRID, lambda a, b: 1.0, budget_s=0, progress=False).measurements == []
+    assert tune.search({}, GRID, lambda a, b: 1.0, budget_s=0, progress=False).measurements == []
 
 
 def test_tokens_are_bucketed_to_powers_of_two():
@@ -135,6 +141,34 @@ def test_the_grid_is_read_from_the_file_mok_cli_has_built_in():
     assert tune.DEFAULT_GRID == tune.read_grid(grid_file.read_text())
     assert list(tune.DEFAULT_GRID) == ["minibatch_rows", "comm_ctas_per_rank", "ring_slots", "lookahead"]
     assert tune.read_grid("# why\nring_slots 2 3  # note\n\n") == {"ring_slots": [2, 3]}
+    assert tune.DEFAULT_GRID["comm_ctas_per_rank"] == [2, 3, 4, 5, 6, 7, 8, "x0.5", "x0.67", "x0.8", "x1.25", "x1.5",
+                                                       "x2"]
+    assert GRID == {"minibatch_rows": [512, 1024, 2048, 3072, 4096], "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8],
+                    "ring_slots": [2, 3, 4, 6], "lookahead": [1, 2, 3]}
+    for bad in ("ring_slots 2 x\n", "ring_slots x0\n", "ring_slots x-1\n", "ring_slots 1.5\n", "ring_slots xinf\n"):
+        with pytest.raises(ValueError, match="line 1"):
+            tune.read_grid(bad)
+
+
+def test_factors_bracket_the_librarys_value_on_any_layer():
+    def comm(library):
+        return tune.resolve_grid(tune.DEFAULT_GRID, {"comm_ctas_per_rank": library})["comm_ctas_per_rank"]
+    # The same values as tests/cpu/test_tune_search.cpp's.
+    assert comm(30) == [2, 3, 4, 5, 6, 7, 8, 15, 20, 24, 38, 45, 60]
+    assert comm(9) == [2, 3, 4, 5, 6, 7, 8, 11, 14, 18]
+    assert comm(1) == [2, 3, 4, 5, 6, 7, 8]
+    with pytest.raises(ValueError, match="comm_ctas_per_rank"):
+        tune.resolve_grid(tune.DEFAULT_GRID, {})
+    assert tune.resolve_grid({"ring_slots": [2, 3]}, {}) == {"ring_slots": [2, 3]}
+
+
+def test_the_library_value_the_factors_scale_is_the_rule_of_the_c_plus_plus_library():
+    # No GPU needed: the rule is host arithmetic (plan/sm_split.cpp; its CPU
+    # test expects these counts on 132 SMs).
+    assert tune.library_values(7168, 2048, 32, 8, 2048, 4096, sms=132) == {"comm_ctas_per_rank": 4}
+    assert tune.library_values(2048, 768, 128, 8, 0, 4096, sms=132) == {"comm_ctas_per_rank": 30}
+    with pytest.raises(RuntimeError, match="ctas_per_rank"):
+        tune.library_values(7168, 2048, 32, 8, 2048, 4096, sms=1)
 
 
 def _store_many(path, world):
@@ -160,7 +194,7 @@ def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
 
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    result = tune.search({}, tune.DEFAULT_GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
+    result = tune.search({}, GRID, lambda a, b: _cost(a) / _cost(b), budget_s=30, progress=False)
     out = tmp_path / "sweep.png"
     tune.plot(result, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

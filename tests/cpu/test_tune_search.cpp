@@ -40,9 +40,17 @@ double cost(const OptionSet& o) {
 
 double cost_ratio(const OptionSet& a, const OptionSet& b) { return cost(a) / cost(b); }
 
+// The grid for a layer whose rule picks 4 dispatch CTAs (the cost model's
+// default), as python/tests/test_tune.py's GRID: every factor lands on a
+// number the grid lists already.
+const mok::tune::Grid& grid() {
+  static const mok::tune::Grid resolved = mok::tune::resolve_grid(mok::tune::default_grid(), {{"comm_ctas_per_rank", 4}});
+  return resolved;
+}
+
 TEST(TuneSearch, WalksTheCandidatesPythonsSearchWalksAndKeepsItsWinner) {
   const mok::tune::SearchResult result =
-      mok::tune::search({}, mok::tune::default_grid(), cost_ratio, /*budget_s=*/30);
+      mok::tune::search({}, grid(), cost_ratio, /*budget_s=*/30);
   // Python: [(json.dumps(m.options, sort_keys=True), m.ratio_to_default) for m in search(...).measurements]
   const std::vector<std::pair<std::string, double>> python = {
       {R"({"minibatch_rows": 512})", 1.1051609121134451},
@@ -90,7 +98,7 @@ TEST(TuneSearch, WalksTheCandidatesPythonsSearchWalksAndKeepsItsWinner) {
 
 TEST(TuneSearch, GainsWithinTheNoiseMarginAreNotTaken) {
   const auto flat = [](const OptionSet& a, const OptionSet&) { return get(a, "minibatch_rows", 0) == 512 ? 0.998 : 1.0; };
-  const auto result = mok::tune::search({}, mok::tune::default_grid(), flat, 30, 0.005);
+  const auto result = mok::tune::search({}, grid(), flat, 30, 0.005);
   EXPECT_TRUE(result.best.empty());
   EXPECT_EQ(result.speedup, 1.0);
 }
@@ -98,10 +106,10 @@ TEST(TuneSearch, GainsWithinTheNoiseMarginAreNotTaken) {
 TEST(TuneSearch, TheBudgetIsHonoured) {
   int calls = 0;
   const auto count = [&](const OptionSet&, const OptionSet&) { return ++calls, 1.0; };
-  EXPECT_TRUE(mok::tune::search({}, mok::tune::default_grid(), count, 0).measurements.empty());
+  EXPECT_TRUE(mok::tune::search({}, grid(), count, 0).measurements.empty());
   // A clock that moves 1 s per reading: the search stops starting candidates at the budget.
   double now = 0;
-  const auto result = mok::tune::search({}, mok::tune::default_grid(), count, 5, 0.005, {}, [&] { return now += 1; });
+  const auto result = mok::tune::search({}, grid(), count, 5, 0.005, {}, [&] { return now += 1; });
   EXPECT_GT(result.measurements.size(), 0u);
   EXPECT_LT(result.measurements.size(), 5u);
 }
@@ -109,7 +117,7 @@ TEST(TuneSearch, TheBudgetIsHonoured) {
 TEST(TuneSearch, ProgressSeesEachCandidateBeforeAndAfterItIsTimed) {
   std::vector<std::string> lines;
   const auto record = [&](const mok::tune::SearchStep& s) { lines.push_back(mok::tune::ProgressLine::text(s, 60)); };
-  mok::tune::search({}, mok::tune::default_grid(), cost_ratio, 30, 0.005, record);
+  mok::tune::search({}, grid(), cost_ratio, 30, 0.005, record);
   ASSERT_EQ(lines.size(), 2 * 29u);
   EXPECT_NE(lines[0].find("0 timed; {\"minibatch_rows\": 512} ...; best 1.000x {}"), std::string::npos) << lines[0];
   EXPECT_NE(lines[7].find("4 timed; {\"minibatch_rows\": 3072} -> 0.9800 of the best; best 1.020x "
@@ -120,17 +128,46 @@ TEST(TuneSearch, ProgressSeesEachCandidateBeforeAndAfterItIsTimed) {
 }
 
 TEST(TuneGrid, IsTheGridOfPythonsTuningGridFile) {
-  const mok::tune::Grid expected = {{"minibatch_rows", {512, 1024, 2048, 3072, 4096}},
-                                    {"comm_ctas_per_rank", {2, 3, 4, 5, 6, 7, 8}},
-                                    {"ring_slots", {2, 3, 4, 6}},
-                                    {"lookahead", {1, 2, 3}}};
+  using V = mok::tune::GridValue;
+  const mok::tune::GridText expected = {
+      {"minibatch_rows", {V{512}, V{1024}, V{2048}, V{3072}, V{4096}}},
+      {"comm_ctas_per_rank",
+       {V{2}, V{3}, V{4}, V{5}, V{6}, V{7}, V{8}, V{0, 0.5}, V{0, 0.67}, V{0, 0.8}, V{0, 1.25}, V{0, 1.5}, V{0, 2}}},
+      {"ring_slots", {V{2}, V{3}, V{4}, V{6}}},
+      {"lookahead", {V{1}, V{2}, V{3}}}};
   EXPECT_EQ(mok::tune::default_grid(), expected);
+  const mok::tune::Grid at_four = {{"minibatch_rows", {512, 1024, 2048, 3072, 4096}},
+                                   {"comm_ctas_per_rank", {2, 3, 4, 5, 6, 7, 8}},
+                                   {"ring_slots", {2, 3, 4, 6}},
+                                   {"lookahead", {1, 2, 3}}};
+  EXPECT_EQ(grid(), at_four);
+}
+
+TEST(TuneGrid, FactorsBracketTheLibrarysValueOnAnyLayer) {
+  const auto comm = [](int library) {
+    return mok::tune::resolve_grid(mok::tune::default_grid(), {{"comm_ctas_per_rank", library}})[1].second;
+  };
+  // Qwen3-30B-A3B's 30: 15, 20.1, 24, 37.5, 45, 60 after the numbers.
+  EXPECT_EQ(comm(30), (std::vector<int>{2, 3, 4, 5, 6, 7, 8, 15, 20, 24, 38, 45, 60}));
+  // GLM-4.5-Air's 9: 4.5 rounds up to 5, which is listed, as are 6.03 and 7.2 rounded.
+  EXPECT_EQ(comm(9), (std::vector<int>{2, 3, 4, 5, 6, 7, 8, 11, 14, 18}));
+  // Mixtral's 1: every factor lands on 1 (the walk's start) or on a number.
+  EXPECT_EQ(comm(1), (std::vector<int>{2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_THROW(mok::tune::resolve_grid(mok::tune::default_grid(), {}), mok::Error);
+  // Numbers need no library value.
+  EXPECT_EQ(mok::tune::resolve_grid(mok::tune::parse_grid("ring_slots 2 3\n"), {}),
+            (mok::tune::Grid{{"ring_slots", {2, 3}}}));
 }
 
 TEST(TuneGrid, ABadLineIsRefusedByNumber) {
+  using V = mok::tune::GridValue;
   EXPECT_EQ(mok::tune::parse_grid("# only a comment\n\nring_slots 2 3 # why\n"),
-            (mok::tune::Grid{{"ring_slots", {2, 3}}}));
+            (mok::tune::GridText{{"ring_slots", {V{2}, V{3}}}}));
+  EXPECT_EQ(mok::tune::parse_grid("ring_slots x1.5\n"), (mok::tune::GridText{{"ring_slots", {V{0, 1.5}}}}));
   EXPECT_THROW(mok::tune::parse_grid("ring_slots 2 x\n"), mok::Error);
+  EXPECT_THROW(mok::tune::parse_grid("ring_slots x0\n"), mok::Error);
+  EXPECT_THROW(mok::tune::parse_grid("ring_slots x-1\n"), mok::Error);
+  EXPECT_THROW(mok::tune::parse_grid("ring_slots 1.5\n"), mok::Error);
   EXPECT_THROW(mok::tune::parse_grid("\nring-slots 2\n"), mok::Error);
 }
 

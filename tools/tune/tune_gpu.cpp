@@ -113,7 +113,13 @@ int run_tune_on_gpu(const TuneArgs& args) {
     });
     return tools::median(tools::round_ratios(visits, 0, 1, &tools::ForwardTiming::back_to_back_ms));
   };
-  const SearchResult result = search({}, default_grid(), compare, args.budget_s, 0.005, std::ref(progress));
+  // The grid's factors scale the values the library picks for this layer
+  // (the defaults' forward, which the walk starts from anyway).
+  FusedForwardOptions picked = forwards.get({}, {}).options();
+  std::map<std::string, int> library;
+  for (const auto& [name, values] : default_grid()) library[name] = *option_field(picked, name);
+  const Grid grid = resolve_grid(default_grid(), library);
+  const SearchResult result = search({}, grid, compare, args.budget_s, 0.005, std::ref(progress));
   progress.finish();
 
   std::printf("%s\n", table(result).c_str());
