@@ -37,19 +37,23 @@ __device__ __forceinline__ bool backward_dispatch(Ctx& ctx, DispatchShared& smem
     const TraceStamp copy_begin = trace_now();
     const int64_t row0 = static_cast<int64_t>(m_tile) * g.tile_m;
     const RowSource* tile_rows = v.rows + row0;
+    // The tile's schedule entries into shared memory (dispatch_role.cuh); the
+    // previous tile's copies and reads of them ended at its barrier.
+    stage_tile_sources(smem, tile_rows, g.tile_m, static_cast<int>(threadIdx.x), kCopyWarps * 32);
+    named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);
     if (lane == 0) {
       copy_rows(
-          smem, warp, phases, tile_rows, g.tile_m, row_bytes,
+          smem, warp, phases, g.tile_m, row_bytes,
           [&](const RowSource& src) { return ctx.params.ranks[src.rank].dout + static_cast<int64_t>(src.token) * H; },
           [&](int32_t i) { return v.dout_rows + (row0 + i) * H; });
       copy_rows(
-          smem, warp, phases, tile_rows, g.tile_m, row_bytes,
+          smem, warp, phases, g.tile_m, row_bytes,
           [&](const RowSource& src) { return ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H; },
           [&](int32_t i) { return v.x_rows + (row0 + i) * H; });
     }
     // The routing weight of each real row (the g epilogue's row scale).
     for (int32_t i = warp * 32 + lane; i < g.tile_m; i += kCopyWarps * 32) {
-      const RowSource src = load_row_source(&tile_rows[i]);
+      const RowSource src = smem.tile_sources[i];
       if (!is_padding(src)) {
         v.w_rows[row0 + i] = __ldcg(&ctx.params.ranks[src.rank].weights[static_cast<int64_t>(src.token) * top_k + src.slot]);
       }

@@ -6,6 +6,13 @@
 // rows; each warp's lane 0 drives a pipeline of kSlotsPerWarp shared-memory
 // row buffers. Padding rows are not copied: their ring rows keep stale data,
 // which only ever reaches padding rows of h and y (rows never mix).
+//
+// A tile's schedule entries (RowSource: where each row comes from) are
+// staged into shared memory by all of the CTA's copying threads at once
+// before its rows are copied (stage_tile_sources). Read from L2 one row at a
+// time inside the copy loop, each read sat on the loop's critical path and
+// set a CTA's rate at ~650 cycles a row whatever the row's width or the
+// slots in flight (docs/perf-notes.md v7).
 #pragma once
 
 #include <cstdint>
@@ -41,22 +48,31 @@ struct DispatchShared {
   alignas(128) uint8_t slots[kCopyWarps][kSlotsPerWarp][kCopySlotBytes];
   uint64_t full[kCopyWarps][kSlotsPerWarp];
   alignas(16) uint8_t tile_scales[kMaxScaleBlocks][kMaxDispatchTileRows];
+  RowSource tile_sources[kMaxDispatchTileRows];  // the m-tile's schedule entries (stage_tile_sources)
 };
 
+// Every one of `threads` threads (`thread` its index among them): the
+// m-tile's schedule entries into smem.tile_sources, all read from L2 at once.
+// The caller synchronises those threads before the copy reads them, and
+// after the copy before the next tile's staging overwrites them.
+__device__ __forceinline__ void stage_tile_sources(DispatchShared& smem, const RowSource* tile_rows, int32_t tile_m,
+                                                   int thread, int threads) {
+  for (int32_t i = thread; i < tile_m; i += threads) smem.tile_sources[i] = load_row_source(&tile_rows[i]);
+}
+
 // Lane 0 of a copy warp: copies this warp's share of an m-tile's real rows
-// (rows copy_warp, copy_warp + kCopyWarps, ... of the tile; `tile_rows` are
-// its schedule rows) from from(RowSource) to to(row within the tile),
-// row_bytes each, through its shared-memory slots, and waits until the
-// writes are complete.
+// (rows copy_warp, copy_warp + kCopyWarps, ... of the tile; their schedule
+// entries staged in smem.tile_sources) from from(RowSource) to to(row within
+// the tile), row_bytes each, through its shared-memory slots, and waits
+// until the writes are complete.
 template <class From, class To>
-__device__ __forceinline__ void copy_rows(DispatchShared& smem, int copy_warp, uint32_t& phases,
-                                          const RowSource* tile_rows, int32_t tile_m, uint32_t row_bytes,
-                                          const From& from, const To& to) {
+__device__ __forceinline__ void copy_rows(DispatchShared& smem, int copy_warp, uint32_t& phases, int32_t tile_m,
+                                          uint32_t row_bytes, const From& from, const To& to) {
   int issued = 0, stored = 0;
   int32_t pending_row[kSlotsPerWarp];
   auto next_real_row = [&](int32_t start) {
     for (int32_t i = start; i < tile_m; i += kCopyWarps) {
-      if (!is_padding(load_row_source(&tile_rows[i]))) return i;
+      if (!is_padding(smem.tile_sources[i])) return i;
     }
     return tile_m;
   };
@@ -64,8 +80,7 @@ __device__ __forceinline__ void copy_rows(DispatchShared& smem, int copy_warp, u
   auto issue = [&](int32_t i) {
     const int slot = issued % kSlotsPerWarp;
     mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
-    bulk_load(smem.slots[copy_warp][slot], from(load_row_source(&tile_rows[i])), row_bytes,
-              &smem.full[copy_warp][slot]);
+    bulk_load(smem.slots[copy_warp][slot], from(smem.tile_sources[i]), row_bytes, &smem.full[copy_warp][slot]);
     pending_row[slot] = i;
     ++issued;
   };
@@ -150,11 +165,10 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
   const uint32_t row_bytes = static_cast<uint32_t>(H) * 2u;
   const int64_t ring_row0 = protocol::ring_row_of_tile(g, m_tile);
   uint8_t* const values = reinterpret_cast<uint8_t*>(v.ring_x);
-  const RowSource* tile_rows = v.rows + static_cast<int64_t>(m_tile) * g.tile_m;
   const int32_t tile_m = g.tile_m;
   auto next_real_row = [&](int32_t start) {
     for (int32_t i = start; i < tile_m; i += kCopyWarps) {
-      if (!is_padding(load_row_source(&tile_rows[i]))) return i;
+      if (!is_padding(smem.tile_sources[i])) return i;
     }
     return tile_m;
   };
@@ -163,7 +177,7 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
   auto issue = [&](int32_t i) {
     const int slot = issued % kSlotsPerWarp;
     if (part == 0 && lane == 0) {
-      const RowSource src = load_row_source(&tile_rows[i]);
+      const RowSource src = smem.tile_sources[i];
       mbarrier_arrive_expect_tx(&smem.full[copy_warp][slot], row_bytes);
       bulk_load(smem.slots[copy_warp][slot], ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H,
                 row_bytes, &smem.full[copy_warp][slot]);
@@ -258,8 +272,7 @@ __device__ __forceinline__ void copy_x_rows(Ctx& ctx, DispatchShared& smem, int 
   const int64_t H = ctx.params.hidden;
   uint16_t* const ring_rows = v.ring_x + static_cast<int64_t>(protocol::ring_row_of_tile(g, m_tile)) * H;
   copy_rows(
-      smem, copy_warp, phases, v.rows + static_cast<int64_t>(m_tile) * g.tile_m, g.tile_m,
-      static_cast<uint32_t>(H) * 2u,
+      smem, copy_warp, phases, g.tile_m, static_cast<uint32_t>(H) * 2u,
       [&](const RowSource& src) { return ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H; },
       [&](int32_t i) { return ring_rows + static_cast<int64_t>(i) * H; });
 }
@@ -291,6 +304,11 @@ __device__ __forceinline__ bool dispatch(Ctx& ctx, DispatchShared& smem, int cta
   for (int32_t m_tile = cta; m_tile < g.m_tiles(); m_tile += ctas) {
     const TraceStamp wait_begin = trace_now();
     TraceStamp copy_begin{0, 0};
+    // The tile's schedule entries, while thread 0 waits for its ring slot
+    // (the previous tile's copy is over: every copying thread passed the
+    // barrier before its announce).
+    stage_tile_sources(smem, ctx.view().rows + static_cast<int64_t>(m_tile) * g.tile_m, g.tile_m,
+                       static_cast<int>(threadIdx.x), kWarps * 32);
     if (threadIdx.x == 0) {
       if constexpr (fp8_rings<Pass>()) {
         ok = protocol::wait_inputs<typename Pass::Dispatch>(ctx.sync, ctx.counters(), g,
