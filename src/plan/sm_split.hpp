@@ -14,6 +14,12 @@ namespace mok::plan {
 // widest preset's 14 KB (H 7168) -- 22 bytes per cycle there, ~6 at H 2048
 // (v6: Qwen1.5-MoE and Qwen3-30B, H 2048, wanted 3x and 2x the CTAs a
 // per-byte rate gives). Past that width the bytes set the rate.
+//
+// v7: with a tile's schedule entries staged in shared memory a dispatch CTA
+// copies about twice the rows at H 2048 (Qwen1.5-MoE: 5 CTAs as fast as 10),
+// yet no count below this rule's was faster on any layer measured (the
+// dispatch CTAs also build the schedule and take a share of the combine), so
+// the rule keeps the rates measured before; the tuners' grid brackets it.
 inline constexpr double kGemmFlopPerCycle = 4096.0;
 inline constexpr double kDispatchCyclesPerRow = 652.0;
 inline constexpr double kDispatchBytesPerCycle = 22.0;

@@ -10,9 +10,9 @@
 // A tile's schedule entries (RowSource: where each row comes from) are
 // staged into shared memory by all of the CTA's copying threads at once
 // before its rows are copied (stage_tile_sources). Read from L2 one row at a
-// time inside the copy loop, each read sat on the loop's critical path and
-// set a CTA's rate at ~650 cycles a row whatever the row's width or the
-// slots in flight (docs/perf-notes.md v7).
+// time inside the copy loop, each read sat on the loop's critical path:
+// staged, a CTA copies about twice the rows on layers of width 2048
+// (docs/perf-notes.md v7).
 #pragma once
 
 #include <cstdint>
