@@ -44,7 +44,8 @@ double cost_ratio(const OptionSet& a, const OptionSet& b) { return cost(a) / cos
 // default), as python/tests/test_tune.py's GRID: every factor lands on a
 // number the grid lists already.
 const mok::tune::Grid& grid() {
-  static const mok::tune::Grid resolved = mok::tune::resolve_grid(mok::tune::default_grid(), {{"comm_ctas_per_rank", 4}});
+  static const mok::tune::Grid resolved =
+      mok::tune::resolve_grid(mok::tune::default_grid(), {{"comm_ctas_per_rank", 4}});
   return resolved;
 }
 
