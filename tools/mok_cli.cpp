@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "layer_dims.hpp"
 #include "mok/error.hpp"
 #include "mok/fused_forward.hpp"  // host-only: the options and their defaults, in every build
 #include "mok/presets.hpp"
@@ -46,6 +47,7 @@ namespace {
 
 struct Options {
   std::string preset;                // default: deepseek-v3-ep8-slice on a GPU, small on the CPU
+  mok::tools::LayerDims dims;        // --hidden, --intermediate, ...: the preset's dims overridden
   int world_size = 0;                // default: 1 on a GPU, 2 on the CPU
   std::vector<int> tokens_per_rank;  // empty: `tokens` on every rank
   int tokens = 0;                    // default: 4096 on a GPU, 256 on the CPU
@@ -77,6 +79,7 @@ void print_usage() {
       "  Without one (or with --cpu): runs the CPU reference.\n"
       "  --preset NAME          layer shape (GPU default deepseek-v3-ep8-slice, CPU default small;\n"
       "                         --list-presets shows all)\n"
+      "%s"
       "  --world R              expert-parallel ranks, 1..8 (GPU default 1, CPU default 2)\n"
       "  --tokens T             tokens on every rank (GPU default 4096, CPU default 256)\n"
       "  --tokens-per-rank a,b  a different count per rank (sets --world)\n"
@@ -115,7 +118,7 @@ void print_usage() {
       "  --train                also time the training-mode forward (it keeps each row's gate/up\n"
       "                         pre-activations for the backward) against the inference one\n"
       "  --list-presets         print the presets and exit\n",
-      defaults.minibatch_rows, defaults.ring_slots, defaults.lookahead);
+      mok::tools::layer_dims_usage().c_str(), defaults.minibatch_rows, defaults.ring_slots, defaults.lookahead);
 }
 
 std::vector<int> parse_list(const std::string& text) {
@@ -154,6 +157,7 @@ Options parse(int argc, char** argv) {
       std::exit(0);
     }
     else if (arg == "--preset") o.preset = value();
+    else if (mok::tools::is_layer_dim_flag(arg)) mok::tools::parse_layer_dim(o.dims, "mok_cli", arg, value());
     else if (arg == "--world") o.world_size = std::stoi(value());
     else if (arg == "--tokens") o.tokens = std::stoi(value());
     else if (arg == "--tokens-per-rank") o.tokens_per_rank = parse_list(value());
@@ -196,9 +200,10 @@ double checksum(const std::vector<std::vector<double>>& per_rank) {
 mok::LayerConfig make_config(const Options& o) {
   const mok::LayerShape& shape = mok::find_shape(o.preset);
   const mok::DType dtype = o.fp8 ? mok::DType::kFP8E4M3 : mok::DType::kBF16;
-  const mok::LayerConfig config = o.tokens_per_rank.empty() ? mok::make_config(shape, o.world_size, o.tokens, dtype)
-                                                            : mok::make_config(shape, o.tokens_per_rank, dtype);
-  std::printf("mok_cli: preset %s (%s)\n  %s\n", shape.name, shape.note, mok::describe(config).c_str());
+  const mok::LayerConfig config =
+      mok::tools::config_with_dims("mok_cli", o.preset, o.dims, o.world_size, o.tokens, o.tokens_per_rank, dtype);
+  std::printf("mok_cli: preset %s (%s)%s\n  %s\n", shape.name, shape.note,
+              mok::tools::describe_overrides(o.dims).c_str(), mok::describe(config).c_str());
   return config;
 }
 

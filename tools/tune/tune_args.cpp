@@ -6,7 +6,6 @@
 #include <system_error>
 
 #include "mok/error.hpp"
-#include "mok/presets.hpp"
 
 namespace mok::tune {
 namespace {
@@ -48,11 +47,7 @@ TuneArgs parse_tune_args(int argc, const char* const* argv) {
     };
     if (arg == "--help" || arg == "-h") a.help = true;
     else if (arg == "--preset") a.preset = value();
-    else if (arg == "--hidden") a.hidden = integer<int>(arg, value());
-    else if (arg == "--intermediate") a.intermediate = integer<int>(arg, value());
-    else if (arg == "--experts") a.experts = integer<int>(arg, value());
-    else if (arg == "--top-k") a.top_k = integer<int>(arg, value());
-    else if (arg == "--shared") a.shared = integer<int>(arg, value());
+    else if (tools::is_layer_dim_flag(arg)) tools::parse_layer_dim(a.dims, "tune", arg, value());
     else if (arg == "--world") a.world = integer<int>(arg, value());
     else if (arg == "--tokens") a.tokens = integer<int>(arg, value());
     else if (arg == "--routing") a.routing = value();
@@ -75,9 +70,8 @@ std::string tune_usage() {
          "  so far in paired rounds (a b b a) on the same data, keeps it when faster by more than\n"
          "  0.5%, and stores the winner in the tuning cache that mok.fused_forward, mok.nn.MoE and\n"
          "  mok.hf read (the same file and key as python -m mok.tune).\n"
-         "  --preset NAME          layer dims (default deepseek-v3-ep8-slice: python -m mok.tune's)\n"
-         "  --hidden H --intermediate I --experts E --top-k K --shared S\n"
-         "                         override the preset's dims (S: the shared FFN's width, 0: none)\n"
+         "  --preset NAME          layer dims (default deepseek-v3-ep8-slice: python -m mok.tune's)\n" +
+         tools::layer_dims_usage() +
          "  --world R              ranks of the virtual world on one GPU (default 1)\n"
          "  --tokens T             tokens per rank (default 4096; the cache keys on its power-of-two bucket)\n"
          "  --routing MODE         uniform | skewed | same (default uniform)\n"
@@ -93,18 +87,8 @@ std::string tune_usage() {
 }
 
 LayerConfig tune_config(const TuneArgs& args) {
-  LayerShape shape = find_shape(args.preset);
-  if (args.hidden) shape.hidden = *args.hidden;
-  if (args.intermediate) shape.intermediate = *args.intermediate;
-  if (args.experts) shape.num_experts = *args.experts;
-  if (args.top_k) shape.top_k = *args.top_k;
-  if (args.shared && *args.shared < 0) throw Error("tune --shared " + std::to_string(*args.shared) + ": a width >= 0");
-  if (args.shared) shape.num_shared_experts = *args.shared > 0 ? 1 : 0;
-  LayerConfig config = make_config(shape, args.world, args.tokens);
-  if (args.shared && *args.shared > 0) config.shared_intermediate = *args.shared;
-  if (args.fp8) config.dtype = DType::kFP8E4M3;
-  validate(config);
-  return config;
+  return tools::config_with_dims("tune", args.preset, args.dims, args.world, args.tokens, {},
+                                 args.fp8 ? DType::kFP8E4M3 : DType::kBF16);
 }
 
 }  // namespace mok::tune

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "layer_dims.hpp"
 #include "mok/layer_config.hpp"
 
 namespace mok::tune {
@@ -15,8 +16,7 @@ struct TuneArgs {
   // The layer: a preset's dims (the default is the dims python -m mok.tune
   // defaults to), each overridable.
   std::string preset = "deepseek-v3-ep8-slice";
-  std::optional<int> hidden, intermediate, experts, top_k;
-  std::optional<int> shared;  // the shared FFN's width (0: no shared expert)
+  tools::LayerDims dims;
   int world = 1;              // ranks of the virtual world on one GPU
   int tokens = 4096;          // per rank
   std::string routing = "uniform";
