@@ -27,11 +27,9 @@ TEST(LayerDims, TheFiveFlagsOverrideAPresetsDims) {
   mok::tools::parse_layer_dim(dims, "mok_cli", "--intermediate", "1024");
   const mok::LayerConfig olmoe =
       mok::tools::config_with_dims("mok_cli", "qwen3-30b", dims, 1, 4096, {}, mok::DType::kBF16);
-  EXPECT_EQ(olmoe.hidden, 2048);
-  EXPECT_EQ(olmoe.intermediate, 1024);
-  EXPECT_EQ(olmoe.num_experts, 64);
-  EXPECT_EQ(olmoe.top_k, 8);
-  EXPECT_EQ(olmoe.shared_width(), 0);
+  // H, I, E, k, shared width.
+  EXPECT_EQ((std::vector<int>{olmoe.hidden, olmoe.intermediate, olmoe.num_experts, olmoe.top_k, olmoe.shared_width()}),
+            (std::vector<int>{2048, 1024, 64, 8, 0}));
   EXPECT_EQ(olmoe.tokens_per_rank, std::vector<int>{4096});
   EXPECT_EQ(mok::tools::describe_overrides(dims), ", with intermediate 1024, experts 64");
   EXPECT_EQ(mok::tools::describe_overrides(LayerDims{}), "");
