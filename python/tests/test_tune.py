@@ -143,8 +143,8 @@ def test_the_grid_is_read_from_the_file_mok_cli_has_built_in():
     assert tune.read_grid("# why\nring_slots 2 3  # note\n\n") == {"ring_slots": [2, 3]}
     assert tune.DEFAULT_GRID["comm_ctas_per_rank"] == [2, 3, 4, 5, 6, 7, 8, "x0.5", "x0.67", "x0.8", "x1.25", "x1.5",
                                                        "x2"]
-    assert GRID == {"minibatch_rows": [512, 1024, 2048, 3072, 4096], "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8],
-                    "ring_slots": [2, 3, 4, 6], "lookahead": [1, 2, 3]}
+    assert GRID == {"minibatch_rows": [512, 1024, 2048, 3072, 4096, 6144, 8192],
+                    "comm_ctas_per_rank": [2, 3, 4, 5, 6, 7, 8], "ring_slots": [2, 3, 4, 6], "lookahead": [1, 2, 3]}
     for bad in ("ring_slots 2 x\n", "ring_slots x0\n", "ring_slots x-1\n", "ring_slots 1.5\n", "ring_slots xinf\n"):
         with pytest.raises(ValueError, match="line 1"):
             tune.read_grid(bad)

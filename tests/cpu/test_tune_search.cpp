@@ -59,6 +59,8 @@ TEST(TuneSearch, WalksTheCandidatesPythonsSearchWalksAndKeepsItsWinner) {
       {R"({"minibatch_rows": 2048})", 1.0},
       {R"({"minibatch_rows": 3072})", 0.9799693500736295},
       {R"({"minibatch_rows": 4096})", 1.0},
+      {R"({"minibatch_rows": 6144})", 1.1602451994109637},
+      {R"({"minibatch_rows": 8192})", 1.4807355982328916},
       {R"({"comm_ctas_per_rank": 2, "minibatch_rows": 3072})", 1.1327910810792639},
       {R"({"comm_ctas_per_rank": 3, "minibatch_rows": 3072})", 1.0372774992007425},
       {R"({"comm_ctas_per_rank": 4, "minibatch_rows": 3072})", 0.9799693500736295},
@@ -77,6 +79,8 @@ TEST(TuneSearch, WalksTheCandidatesPythonsSearchWalksAndKeepsItsWinner) {
       {R"({"comm_ctas_per_rank": 5, "minibatch_rows": 1024, "ring_slots": 3})", 1.0352584184906959},
       {R"({"comm_ctas_per_rank": 5, "minibatch_rows": 2048, "ring_slots": 3})", 0.9751664687115845},
       {R"({"comm_ctas_per_rank": 5, "minibatch_rows": 4096, "ring_slots": 3})", 0.9751664687115845},
+      {R"({"comm_ctas_per_rank": 5, "minibatch_rows": 6144, "ring_slots": 3})", 1.1354116681225483},
+      {R"({"comm_ctas_per_rank": 5, "minibatch_rows": 8192, "ring_slots": 3})", 1.4559020669444762},
       {R"({"comm_ctas_per_rank": 2, "minibatch_rows": 3072, "ring_slots": 3})", 1.1270602661665527},
       {R"({"comm_ctas_per_rank": 3, "minibatch_rows": 3072, "ring_slots": 3})", 1.0315466842880312},
       {R"({"comm_ctas_per_rank": 4, "minibatch_rows": 3072, "ring_slots": 3})", 0.9742385351609183},
@@ -119,7 +123,7 @@ TEST(TuneSearch, ProgressSeesEachCandidateBeforeAndAfterItIsTimed) {
   std::vector<std::string> lines;
   const auto record = [&](const mok::tune::SearchStep& s) { lines.push_back(mok::tune::ProgressLine::text(s, 60)); };
   mok::tune::search({}, grid(), cost_ratio, 30, 0.005, record);
-  ASSERT_EQ(lines.size(), 2 * 29u);
+  ASSERT_EQ(lines.size(), 2 * 33u);
   EXPECT_NE(lines[0].find("0 timed; {\"minibatch_rows\": 512} ...; best 1.000x {}"), std::string::npos) << lines[0];
   EXPECT_NE(lines[7].find("4 timed; {\"minibatch_rows\": 3072} -> 0.9800 of the best; best 1.020x "
                           "{\"minibatch_rows\": 3072}"),
@@ -131,13 +135,13 @@ TEST(TuneSearch, ProgressSeesEachCandidateBeforeAndAfterItIsTimed) {
 TEST(TuneGrid, IsTheGridOfPythonsTuningGridFile) {
   using V = mok::tune::GridValue;
   const mok::tune::GridText expected = {
-      {"minibatch_rows", {V{512}, V{1024}, V{2048}, V{3072}, V{4096}}},
+      {"minibatch_rows", {V{512}, V{1024}, V{2048}, V{3072}, V{4096}, V{6144}, V{8192}}},
       {"comm_ctas_per_rank",
        {V{2}, V{3}, V{4}, V{5}, V{6}, V{7}, V{8}, V{0, 0.5}, V{0, 0.67}, V{0, 0.8}, V{0, 1.25}, V{0, 1.5}, V{0, 2}}},
       {"ring_slots", {V{2}, V{3}, V{4}, V{6}}},
       {"lookahead", {V{1}, V{2}, V{3}}}};
   EXPECT_EQ(mok::tune::default_grid(), expected);
-  const mok::tune::Grid at_four = {{"minibatch_rows", {512, 1024, 2048, 3072, 4096}},
+  const mok::tune::Grid at_four = {{"minibatch_rows", {512, 1024, 2048, 3072, 4096, 6144, 8192}},
                                    {"comm_ctas_per_rank", {2, 3, 4, 5, 6, 7, 8}},
                                    {"ring_slots", {2, 3, 4, 6}},
                                    {"lookahead", {1, 2, 3}}};
