@@ -24,8 +24,11 @@
 //   fp8-wide          mma_fp8_wide_tile, the fused FP8 forward's loop (quarters,
 //                     two 32-register partials, a promotion a quarter)
 //   probe-*           the wide loop's structure with its promotion removed,
-//                     halved (16 of 32 FFMA a quarter), made FADD, or split
-//                     by nanosleeps into runs of eight (wide_probe)
+//                     halved (16 of 32 FFMA a quarter), made FADD, split by
+//                     nanosleeps into runs of eight, given an immediate
+//                     scale, or the two rows' scales alternating (as the
+//                     kernel) or in runs (wide_probe); and the loop in eighths (m64n32k32,
+//                     16 FFMA a step: eighths_probe)
 // Output: median and spread over the CTAs of cycles per stage, the share of
 // the tensor peak (1,024 / cycles) and the launch's time; then fp8-wide with
 // warpgroup 1 started 0, 335 and 670 cycles late (does an offset between the
@@ -71,6 +74,10 @@ enum class Pattern {
   kProbeHalfPromotion,
   kProbeAddPromotion,
   kProbeSleepPromotion,
+  kProbeImmediatePromotion,
+  kProbeRowsAlternating,
+  kProbeRowsInRuns,
+  kProbeEighths,
 };
 
 // The wide loop's structure (mma_fp8_wide_tile: quarters, two partials taking
@@ -79,10 +86,10 @@ enum class Pattern {
 // registers fenced only), the first 16 of each quarter's 32 FFMA, or FADD
 // (two register reads instead of three). Probes of where the loop's cycles
 // go, not arithmetic anyone should use.
-enum class Promotion { kNone, kHalf, kAdd, kSleep };
+enum class Promotion { kNone, kHalf, kAdd, kSleep, kImmediate, kRowsAlternating, kRowsInRuns };
 template <Promotion kMode, class Cfg>
 __device__ __forceinline__ void wide_probe(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring, int consumer,
-                                           float (&acc)[128], int k_blocks, float scale) {
+                                           float (&acc)[128], int k_blocks, float scale, float scale_low) {
   const bool releaser = threadIdx.x % 32 == 0;
   float part_even[32], part_odd[32];
   start_promotions(part_even);
@@ -100,6 +107,31 @@ __device__ __forceinline__ void wide_probe(GemmSharedStorage<Cfg>& smem, StageRi
       for (int i = 0; i < 32; ++i) {
         acc[32 * quarter + i] = __fmaf_rn(part[i], scale, acc[32 * quarter + i]);
         if (i % 8 == 7 && i < 31) __nanosleep(0);
+      }
+    } else if constexpr (kMode == Promotion::kImmediate) {
+      // The scale a compile-time constant: FFMA's third operand an immediate,
+      // two register reads as FADD's.
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[32 * quarter + i] = __fmaf_rn(part[i], 0.5f, acc[32 * quarter + i]);
+    } else if constexpr (kMode == Promotion::kRowsAlternating) {
+      // As mma_fp8_wide_tile: two scales (the thread's two rows), alternating every two registers.
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        acc[32 * quarter + i] = __fmaf_rn(part[i], ((i / 2) % 2) ? scale_low : scale, acc[32 * quarter + i]);
+      }
+    } else if constexpr (kMode == Promotion::kRowsInRuns) {
+      // The same products, the top row's 16 first, then the low row's: runs
+      // of one scale register, which the operand reuse cache can serve.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * j + 2 * h + e;
+            acc[32 * quarter + i] = __fmaf_rn(part[i], h ? scale_low : scale, acc[32 * quarter + i]);
+          }
+        }
       }
     } else if constexpr (kMode == Promotion::kAdd) {
 #pragma unroll
@@ -210,6 +242,87 @@ __device__ __forceinline__ void mma_m64n256k32_e4m3(float (&d)[128], uint64_t de
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D[64 x 32] (+)= A[64 x 32] * B[32 x 32]^T, e4m3 -> fp32, 16 accumulators a
+// thread (the probe-eighths pattern only).
+__device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                  uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The wide loop in eighths: eight 32-column steps a stage (m64n32k32 x 4
+// each) through two 16-register partials, 16 FFMA a step -- the same 128 FFMA
+// a stage as the quarters, in runs half as long.
+template <class Cfg>
+__device__ __forceinline__ void eighths_probe(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
+                                              int consumer, float (&acc)[128], int k_blocks, float scale_top,
+                                              float scale_low) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  float part_even[16], part_odd[16];
+  start_promotions(part_even);
+  start_promotions(part_odd);
+  start_promotions(acc);
+  auto issue = [&](float(&part)[16], uint64_t a, uint64_t b) {
+    wgmma::fence_operands(part);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      mma_m64n32k32_e4m3(part, wgmma::advance_k_bytes(a, 32 * k), wgmma::advance_k_bytes(b, 32 * k),
+                         k > 0 ? 1u : 0u);
+    }
+    wgmma::commit_group();
+  };
+  // d[4j + 2h + e]: row half h, so the scale alternates every two registers.
+  auto promote = [&](float(&part)[16], int step) {
+    wgmma::fence_operands(part);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      acc[16 * step + i] = __fmaf_rn(part[i], ((i / 2) % 2) ? scale_low : scale_top, acc[16 * step + i]);
+    }
+  };
+  constexpr uint64_t kEighthStep = (32 * Cfg::kRowBytes) >> 4;
+  auto take = [&]() {
+    ring.consumer_wait();
+    const int held = ring.stage;
+    ring.advance();
+    return held;
+  };
+  int held = take();
+  uint64_t a = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[held].a + consumer * 64 * Cfg::kRowBytes));
+  uint64_t b = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[held].b));
+  issue(part_even, a, b);
+  int kb = 0;
+  while (true) {
+#pragma unroll
+    for (int e = 1; e < 8; e += 2) {
+      issue(part_odd, a, b + e * kEighthStep);
+      wgmma::wait_group<1>();
+      promote(part_even, e - 1);
+      if (e < 7) {
+        issue(part_even, a, b + (e + 1) * kEighthStep);
+        wgmma::wait_group<1>();
+        promote(part_odd, e);
+      }
+    }
+    wgmma::wait_group<0>();
+    if (releaser) ring.consumer_release(held);
+    if (kb + 1 >= k_blocks) break;
+    held = take();
+    a = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[held].a + consumer * 64 * Cfg::kRowBytes));
+    b = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[held].b));
+    issue(part_even, a, b);
+    promote(part_odd, 7);
+    ++kb;
+  }
+  promote(part_odd, 7);
+}
+
 // Consumer side of one pattern over `stages` stages (every thread of the warpgroup).
 template <Pattern P>
 __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages>& ring, int consumer, int stages,
@@ -297,15 +410,30 @@ __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages
     mma_fp8_wide_tile<WideCfg>(smem.storage, ring, consumer, acc, scales, a_slots, row, 0, stages, release,
                                TrapOnStall{});
     for (int i = 0; i < 128; ++i) sum += acc[i];
+  } else if constexpr (P == Pattern::kProbeEighths) {
+    float acc[128];
+    const int lane_row = static_cast<int>(threadIdx.x % 32) / 4;
+    const float top = ue8m0_value(b_scales[lane_row % 2]), low = ue8m0_value(b_scales[(lane_row + 1) % 2]);
+    eighths_probe(smem.storage, ring, consumer, acc, stages, top, low);
+    for (int i = 0; i < 128; ++i) sum += acc[i];
   } else {
     static_assert(P == Pattern::kProbeNoPromotion || P == Pattern::kProbeHalfPromotion ||
-                  P == Pattern::kProbeAddPromotion || P == Pattern::kProbeSleepPromotion);
+                  P == Pattern::kProbeAddPromotion || P == Pattern::kProbeSleepPromotion ||
+                  P == Pattern::kProbeImmediatePromotion || P == Pattern::kProbeRowsAlternating ||
+                  P == Pattern::kProbeRowsInRuns);
     constexpr Promotion kMode = P == Pattern::kProbeNoPromotion     ? Promotion::kNone
                                 : P == Pattern::kProbeHalfPromotion ? Promotion::kHalf
                                 : P == Pattern::kProbeAddPromotion  ? Promotion::kAdd
-                                                                    : Promotion::kSleep;
+                                : P == Pattern::kProbeSleepPromotion ? Promotion::kSleep
+                                : P == Pattern::kProbeImmediatePromotion ? Promotion::kImmediate
+                                : P == Pattern::kProbeRowsAlternating    ? Promotion::kRowsAlternating
+                                                                         : Promotion::kRowsInRuns;
     float acc[128];
-    wide_probe<kMode>(smem.storage, ring, consumer, acc, stages, ue8m0_value(b_scales[0]));
+    // Per-thread scales, as the kernel's (each thread's rows have their own
+    // A scale): read at lane-dependent places, so not uniform registers.
+    const int lane_row = static_cast<int>(threadIdx.x % 32) / 4;
+    wide_probe<kMode>(smem.storage, ring, consumer, acc, stages, ue8m0_value(b_scales[lane_row % 2]),
+                      ue8m0_value(b_scales[(lane_row + 1) % 2]));
     for (int i = 0; i < 128; ++i) sum += acc[i];
   }
   return sum;
@@ -419,6 +547,10 @@ int main(int argc, char** argv) {
       {"probe-half-ffma", wgmma_pattern_kernel<Pattern::kProbeHalfPromotion>},
       {"probe-fadd", wgmma_pattern_kernel<Pattern::kProbeAddPromotion>},
       {"probe-ffma-sleeps", wgmma_pattern_kernel<Pattern::kProbeSleepPromotion>},
+      {"probe-ffma-immediate", wgmma_pattern_kernel<Pattern::kProbeImmediatePromotion>},
+      {"probe-rows-alternating", wgmma_pattern_kernel<Pattern::kProbeRowsAlternating>},
+      {"probe-rows-in-runs", wgmma_pattern_kernel<Pattern::kProbeRowsInRuns>},
+      {"probe-eighths", wgmma_pattern_kernel<Pattern::kProbeEighths>},
   };
   const size_t smem_bytes = sizeof(BenchSmem) + 1024;
   const int one_flag = one_warpgroup ? 1 : 0, feed_flag = feed_stages ? 1 : 0;
@@ -440,7 +572,7 @@ int main(int argc, char** argv) {
   MOK_CUDA_CHECK(cudaEventCreate(&stop));
   std::printf("mok_wgmma_bench: %d CTAs, %d stages each, %zu B of shared memory, %s; %d cycles of tensor work a stage\n",
               sms, stages, smem_bytes, one_warpgroup ? "warpgroup 0 alone" : "two warpgroups", one_warpgroup ? 512 : 1024);
-  std::printf("%-20s %5s %14s %14s %10s %10s\n", "pattern", "rep", "cycles/stage", "(min..max)", "tensor %", "ms");
+  std::printf("%-22s %5s %14s %14s %10s %10s\n", "pattern", "rep", "cycles/stage", "(min..max)", "tensor %", "ms");
   for (const Named& p : patterns) {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_bytes)));
@@ -463,7 +595,7 @@ int main(int argc, char** argv) {
       }
       std::sort(per_stage.begin(), per_stage.end());
       const double median = per_stage[per_stage.size() / 2];
-      std::printf("%-20s %5d %14.1f %6.1f..%-7.1f %9.1f%% %10.3f\n", p.name, rep, median, per_stage.front(),
+      std::printf("%-22s %5d %14.1f %6.1f..%-7.1f %9.1f%% %10.3f\n", p.name, rep, median, per_stage.front(),
                   per_stage.back(), 100.0 * (one_warpgroup ? 512.0 : 1024.0) / median, ms);
     }
   }
