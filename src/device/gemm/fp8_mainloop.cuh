@@ -146,9 +146,23 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     const float top = kQ < 2 ? sc.top0 : sc.top1;
     const float low = kQ < 2 ? sc.low0 : sc.low1;
     wgmma::fence_operands(part);
+    // The top row's 16 products first, then the low row's: runs of one scale
+    // register, which the operand reuse cache serves on every FFMA that does
+    // not yield (ptxas yields every other one). Each FFMA's third register
+    // read competes with the tensor cores' own register traffic: a stage
+    // costs ~160 cycles more with it than with an immediate scale
+    // (tools/mok_wgmma_bench, docs/perf-notes.md v9). Each element's
+    // operation is the same as in any order: the same bits.
 #pragma unroll
-    for (int i = 0; i < kQuarter; ++i) {
-      acc[kQ * kQuarter + i] = __fmaf_rn(part[i], ((i / 2) % 2) ? low : top, acc[kQ * kQuarter + i]);
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kQuarter / 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * h + e;  // d[4j + 2h + e]: row half h
+          acc[kQ * kQuarter + i] = __fmaf_rn(part[i], h ? low : top, acc[kQ * kQuarter + i]);
+        }
+      }
     }
   };
   struct StageDescs {
