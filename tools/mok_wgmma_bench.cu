@@ -15,6 +15,8 @@
 // cycles are one warpgroup's (512 cycles of tensor work a stage).
 // --feed: each stage's 48 KB is brought by bulk copies from an L2-resident
 // buffer, so the loop also pays a real loop's shared-memory writes.
+// Without either, a second table follows: the weight gradient's short-K
+// tiles, their drain and their epilogue (wgmma_bench_weight_grad.cu).
 //
 // Patterns (two consumer warpgroups, 64 rows each, unless said):
 //   bf16-n256         mma_tile: 4 x m64n256k16 a stage (the bf16 forward's loop)
@@ -45,6 +47,7 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
+#include "wgmma_bench_weight_grad.hpp"
 #include "device/gemm/fp8_mainloop.cuh"
 #include "device/gemm/tile_mainloop.cuh"
 #include "device/ptx/bulk_copy.cuh"
@@ -619,6 +622,7 @@ int main(int argc, char** argv) {
   }
   MOK_CUDA_CHECK(cudaFree(b_scales));
   MOK_CUDA_CHECK(cudaFree(feed));
+  if (!one_warpgroup && !feed_stages) mok::tools::run_weight_grad_patterns(sms, 64, 16, reps);
   MOK_CUDA_CHECK(cudaFree(cycles));
   MOK_CUDA_CHECK(cudaFree(sink));
   return 0;
