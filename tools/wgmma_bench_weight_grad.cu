@@ -27,6 +27,7 @@
 #include "common/cuda_check.hpp"
 #include "device/gemm/weight_grad_tile.cuh"
 #include "device/host/gemm_host.hpp"
+#include "wgmma_bench_fill.cuh"
 
 namespace mok::tools {
 namespace {
@@ -48,15 +49,8 @@ __global__ void __launch_bounds__(WeightGradCfg::kThreads, 1)
   auto& smem = *reinterpret_cast<GemmSharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) &
                                                           ~uintptr_t{1023});
   // Finite bf16 operands (bit 14 clear: exponents below 128).
-  auto* words = reinterpret_cast<uint32_t*>(&smem.stages[0]);
-  const int n_words = static_cast<int>(sizeof(smem.stages) / 4);
-  for (int i = threadIdx.x; i < n_words; i += blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (blockIdx.x * 40503u);
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    words[i] = h & 0xbfbfbfbfu;
-  }
+  fill_finite_words(reinterpret_cast<uint32_t*>(&smem.stages[0]), static_cast<int>(sizeof(smem.stages) / 4),
+                    0xbfbfbfbfu);
   if (threadIdx.x == 0) {
     StageRing<Cfg::kStages>::init(smem.full, smem.empty, Cfg::kConsumerWarps);
     tma_prefetch_descriptor(&out_map);
