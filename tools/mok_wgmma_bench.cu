@@ -1,13 +1,13 @@
 // mok_wgmma_bench: the tensor-core issue patterns of mok's K loops, timed in
-// SM cycles without the memory traffic of a real loop. Each CTA (one per SM) runs one long K
-// loop over four resident shared-memory stages (48 KB each: a 128-row A box
-// and a 256-row B box, as the 128 x 256 tiles load), with the stage ring's
-// barriers but no TMA: a producer thread announces each stage with zero
-// bytes. So a pattern's cycles per stage are what its instructions, waits
-// and tensor work cost alone, against 1,024 cycles of tensor work a stage
-// (128 x 256 x 64 bf16 or 128 x 256 x 128 e4m3 MACs at the SM's dense rate).
-// A kernel's K loop that takes longer than its pattern here loses the rest to
-// memory (the TMA's writes, L2, the stage waits).
+// SM cycles without the memory traffic of a real loop. Each CTA (one per SM)
+// runs one long K loop over four resident shared-memory stages (48 KB each:
+// a 128-row A box and a 256-row B box, as the 128 x 256 tiles load), with
+// the stage ring's barriers but no TMA: a producer thread announces each
+// stage with zero bytes. So a pattern's cycles per stage are what its
+// instructions, waits and tensor work cost alone, against 1,024 cycles of
+// tensor work a stage (128 x 256 x 64 bf16 or 128 x 256 x 128 e4m3 MACs at
+// the SM's dense rate). A kernel's K loop that takes longer than its pattern
+// here loses the rest to memory (the TMA's writes, L2, the stage waits).
 //
 //   mok_wgmma_bench [--stages N] [--reps R] [--one-warpgroup] [--feed]
 //
@@ -25,12 +25,12 @@
 //                     its own commit group, wait_group<1> after each; no promotion
 //   fp8-wide          mma_fp8_wide_tile, the fused FP8 forward's loop (quarters,
 //                     two 32-register partials, a promotion a quarter)
-//   probe-*           (wgmma_bench_probes.cuh) the wide loop's structure with its promotion removed,
-//                     halved (16 of 32 FFMA a quarter), made FADD, split by
-//                     nanosleeps into runs of eight, given an immediate
-//                     scale, or the two rows' scales alternating (as the
-//                     kernel) or in runs (wide_probe); and the loop in eighths (m64n32k32,
-//                     16 FFMA a step: eighths_probe)
+//   probe-*           the wide loop's structure (wgmma_bench_probes.cuh) with
+//                     its promotion removed, halved (16 of 32 FFMA a quarter),
+//                     made FADD, split by nanosleeps into runs of eight, given
+//                     an immediate scale, or with the two rows' scales
+//                     alternating (as the kernel) or in runs; and the loop in
+//                     eighths (m64n32k32, 16 FFMA a step)
 // Output: median and spread over the CTAs of cycles per stage, the share of
 // the tensor peak (1,024 / cycles) and the launch's time; then fp8-wide with
 // warpgroup 1 started 0, 335 and 670 cycles late (does an offset between the
