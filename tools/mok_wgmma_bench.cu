@@ -38,7 +38,6 @@
 // the first readings.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +46,7 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
+#include "wgmma_bench_cycles.hpp"
 #include "wgmma_bench_fill.cuh"
 #include "wgmma_bench_probes.cuh"
 #include "wgmma_bench_weight_grad.hpp"
@@ -318,10 +318,12 @@ int main(int argc, char** argv) {
   const size_t smem_bytes = sizeof(BenchSmem) + 1024;
   const int one_flag = one_warpgroup ? 1 : 0, feed_flag = feed_stages ? 1 : 0;
   MOK_CUDA_CHECK(cudaMemcpyToSymbol(c_feed, &feed_flag, sizeof(int)));
-  uint8_t* feed = nullptr;
-  const size_t feed_bytes = static_cast<size_t>(kFeedWindows) * (WideCfg::kABytes + WideCfg::kBBytes);
-  MOK_CUDA_CHECK(cudaMalloc(&feed, feed_bytes));
-  MOK_CUDA_CHECK(cudaMemset(feed, 0x3b, feed_bytes));  // finite as e4m3 and as bf16 pairs
+  uint8_t* feed = nullptr;  // only read with --feed
+  if (feed_stages) {
+    const size_t feed_bytes = static_cast<size_t>(kFeedWindows) * (WideCfg::kABytes + WideCfg::kBBytes);
+    MOK_CUDA_CHECK(cudaMalloc(&feed, feed_bytes));
+    MOK_CUDA_CHECK(cudaMemset(feed, 0x3b, feed_bytes));  // finite as e4m3 and as bf16 pairs
+  }
   MOK_CUDA_CHECK(cudaMemcpyToSymbol(c_one_warpgroup, &one_flag, sizeof(int)));
   uint8_t* b_scales = nullptr;
   long long* cycles = nullptr;
@@ -350,16 +352,9 @@ int main(int argc, char** argv) {
       MOK_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0.f;
       MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      std::vector<long long> host(2 * static_cast<size_t>(sms));
-      MOK_CUDA_CHECK(cudaMemcpy(host.data(), cycles, sizeof(long long) * host.size(), cudaMemcpyDeviceToHost));
       // With --one-warpgroup, warpgroup 1 only forwards the stages.
-      std::vector<double> per_stage;
-      for (size_t i = 0; i < host.size(); ++i) {
-        if (one_warpgroup && i % 2 == 1) continue;
-        per_stage.push_back(static_cast<double>(host[i]) / stages);
-      }
-      std::sort(per_stage.begin(), per_stage.end());
-      const double median = per_stage[per_stage.size() / 2];
+      const std::vector<double> per_stage = mok::tools::read_spans(cycles, sms, one_warpgroup ? 0 : -1, stages);
+      const double median = mok::tools::median_of(per_stage);
       std::printf("%-22s %5d %14.1f %6.1f..%-7.1f %9.1f%% %10.3f\n", p.name, rep, median, per_stage.front(),
                   per_stage.back(), 100.0 * (one_warpgroup ? 512.0 : 1024.0) / median, ms);
     }
@@ -374,16 +369,13 @@ int main(int argc, char** argv) {
         <<<sms, WideCfg::kThreads, smem_bytes>>>(stages, b_scales, feed, cycles, sink);
     MOK_CUDA_CHECK(cudaGetLastError());
     MOK_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<long long> host(2 * static_cast<size_t>(sms));
-    MOK_CUDA_CHECK(cudaMemcpy(host.data(), cycles, sizeof(long long) * host.size(), cudaMemcpyDeviceToHost));
-    std::vector<double> wg0, wg1;
-    for (size_t i = 0; i < host.size(); ++i) (i % 2 ? wg1 : wg0).push_back(static_cast<double>(host[i]) / stages);
-    std::sort(wg0.begin(), wg0.end());
-    std::sort(wg1.begin(), wg1.end());
     std::printf("fp8-wide, warpgroup 1 %4d cycles late: cycles/stage %.1f (warpgroup 0) %.1f (warpgroup 1, from "
                 "its start)\n",
-                delay, wg0[wg0.size() / 2], wg1[wg1.size() / 2]);
+                delay, mok::tools::median_of(mok::tools::read_spans(cycles, sms, 0, stages)),
+                mok::tools::median_of(mok::tools::read_spans(cycles, sms, 1, stages)));
   }
+  MOK_CUDA_CHECK(cudaEventDestroy(start));
+  MOK_CUDA_CHECK(cudaEventDestroy(stop));
   MOK_CUDA_CHECK(cudaFree(b_scales));
   MOK_CUDA_CHECK(cudaFree(feed));
   if (!one_warpgroup && !feed_stages) mok::tools::run_weight_grad_patterns(sms, 64, 16, reps);

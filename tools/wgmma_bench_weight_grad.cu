@@ -19,14 +19,13 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include "common/cuda_check.hpp"
 #include "device/gemm/weight_grad_tile.cuh"
 #include "device/host/gemm_host.hpp"
+#include "wgmma_bench_cycles.hpp"
 #include "wgmma_bench_fill.cuh"
 
 namespace mok::tools {
@@ -130,10 +129,7 @@ void run_weight_grad_patterns(int ctas, int tiles, int k_blocks, int reps) {
       row.kernel<<<ctas, Cfg::kThreads, smem_bytes>>>(out_map, tiles, row.k_blocks, cycles, sink);
       MOK_CUDA_CHECK(cudaGetLastError());
       MOK_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<long long> host(2 * static_cast<size_t>(ctas));
-      MOK_CUDA_CHECK(cudaMemcpy(host.data(), cycles, sizeof(long long) * host.size(), cudaMemcpyDeviceToHost));
-      std::sort(host.begin(), host.end());
-      const double per_tile = static_cast<double>(host[host.size() / 2]) / tiles;
+      const double per_tile = median_of(read_spans(cycles, ctas, -1, tiles));
       const double tensor = 1024.0 * row.k_blocks;
       std::printf("%-12s %8d %5d %14.1f %14.0f %9.1f%%\n", row.name, row.k_blocks, rep, per_tile, tensor,
                   100.0 * tensor / per_tile);
