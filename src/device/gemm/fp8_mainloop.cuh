@@ -148,11 +148,12 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     wgmma::fence_operands(part);
     // The top row's 16 products first, then the low row's: runs of one scale
     // register, which the operand reuse cache serves on every FFMA that does
-    // not yield (ptxas yields every other one). Each FFMA's third register
-    // read competes with the tensor cores' own register traffic: a stage
-    // costs ~160 cycles more with it than with an immediate scale
-    // (tools/mok_wgmma_bench, docs/perf-notes.md v9). Each element's
-    // operation is the same as in any order: the same bits.
+    // not yield (ptxas yields every other one). The scale's register read is
+    // what costs: the loop alone takes ~160 cycles a stage more than with an
+    // immediate scale (tools/mok_wgmma_bench, docs/perf-notes.md v9; read
+    // there as the FFMA's third register read against the tensor cores' own
+    // register traffic). Each element's operation is the same as in any
+    // order: the same bits.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
