@@ -173,13 +173,21 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // The next stage, taken with no wgmma in flight: with one in flight
   // across the stall-checking wait loop, ptxas serialised every wgmma of the
   // kernel (C7514), even where the loop ran only after a wait_group<0>.
+  // Stage 0's descriptors, made once: stage s's are theirs moved by s stages
+  // (the stages are equal, 1 KB-aligned blocks, and no shared-memory address
+  // overflows the descriptor's 14-bit start field), so a stage costs one
+  // multiply-add each instead of the address arithmetic and the lane-0
+  // broadcast again.
+  constexpr uint64_t kStageStep = sizeof(smem.stages[0]) >> 4;  // one stage, in descriptor units
+  const uint64_t a_stage0 =
+      wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].a + consumer * 64 * Cfg::kRowBytes));
+  const uint64_t b_stage0 = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].b));
   auto take_stage = [&]() {
     ring.consumer_wait(on_stall);
     const int held = ring.stage;
-    auto& stage = smem.stages[held];
     ring.advance();
-    return StageDescs{wgmma::warp_uniform(wgmma::smem_desc_k_sw128(stage.a + consumer * 64 * Cfg::kRowBytes)),
-                      wgmma::warp_uniform(wgmma::smem_desc_k_sw128(stage.b)), held};
+    const uint64_t step = static_cast<uint64_t>(held) * kStageStep;
+    return StageDescs{a_stage0 + step, b_stage0 + step, held};
   };
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);
