@@ -170,9 +170,6 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     uint64_t a, b;
     int held;
   };
-  // The next stage, taken with no wgmma in flight: with one in flight
-  // across the stall-checking wait loop, ptxas serialised every wgmma of the
-  // kernel (C7514), even where the loop ran only after a wait_group<0>.
   // Stage 0's descriptors, made once: stage s's are theirs moved by s stages
   // (the stages are equal, 1 KB-aligned blocks, and no shared-memory address
   // overflows the descriptor's 14-bit start field), so a stage costs one
@@ -182,6 +179,9 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   const uint64_t a_stage0 =
       wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].a + consumer * 64 * Cfg::kRowBytes));
   const uint64_t b_stage0 = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].b));
+  // The next stage, taken with no wgmma in flight: with one in flight
+  // across the stall-checking wait loop, ptxas serialised every wgmma of the
+  // kernel (C7514), even where the loop ran only after a wait_group<0>.
   auto take_stage = [&]() {
     ring.consumer_wait(on_stall);
     const int held = ring.stage;
