@@ -66,13 +66,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int m_tiles = (params.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int n_tiles = (params.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker{table_in_smem ? shared.groups.offset : params.group_offset,
+  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker(table_in_smem ? shared.groups.offset : params.group_offset,
                                                           table_in_smem ? shared.groups.rows : params.group_rows,
-                                                          m_tiles,
-                                                          n_tiles,
-                                                          params.num_groups * m_tiles * n_tiles,
-                                                          static_cast<int>(blockIdx.x),
-                                                          static_cast<int>(gridDim.x)};
+                                                          params.num_groups, m_tiles, n_tiles,
+                                                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   StageRing<Cfg::kStages> ring{smem.full, smem.empty};
   const int warpgroup = threadIdx.x / 128;
   WeightGradTile tile;

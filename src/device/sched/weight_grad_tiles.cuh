@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "plan/tile_task_cursor.hpp"
+
 namespace mok::device {
 
 struct WeightGradTile {
@@ -24,24 +26,27 @@ template <int kBlockM, int kBlockN>
 struct WeightGradTileWalker {
   const int32_t* group_offset;  // [G + 1]
   const int32_t* group_rows;    // [G]
-  int m_tiles;
-  int n_tiles;
-  int num_tasks;  // G * m_tiles * n_tiles
-  int next_task;
-  int stride;
+  int num_groups;
+  // The next task's place: made once here (the walk's only divisions), then
+  // moved by the stride's digits (plan/tile_task_cursor.hpp). The list ends
+  // where the place's group does.
+  plan::TileTaskCursor place;
+
+  __device__ WeightGradTileWalker(const int32_t* offset, const int32_t* rows, int groups, int m_tiles, int n_tiles,
+                                  int first, int stride)
+      : group_offset(offset),
+        group_rows(rows),
+        num_groups(groups),
+        place(plan::TileTaskCursor::at(first, stride, m_tiles, n_tiles)) {}
 
   __device__ bool next(WeightGradTile& tile) {
-    if (next_task >= num_tasks) return false;
-    const int task = next_task;
-    next_task += stride;
-    const int per_group = m_tiles * n_tiles;
-    const int group = task / per_group;
-    const int local = task - group * per_group;
-    tile.group = group;
-    tile.m0 = (local / n_tiles) * kBlockM;
-    tile.n0 = (local % n_tiles) * kBlockN;
-    tile.row0 = group_offset[group];
-    tile.rows = max(group_rows[group], 0);
+    if (place.group >= num_groups) return false;
+    tile.group = place.group;
+    tile.m0 = place.m * kBlockM;
+    tile.n0 = place.n * kBlockN;
+    tile.row0 = group_offset[place.group];
+    tile.rows = max(group_rows[place.group], 0);
+    place.advance();
     return true;
   }
 };
