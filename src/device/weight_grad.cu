@@ -71,14 +71,14 @@ void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream) {
   const void* b = args.m_total > 0 ? args.b : some_out;
   const CUtensorMap a_map = device::encode_bf16_map("a (rows x m)", a, 2, a_dims, a_strides, box);
   const CUtensorMap b_map = device::encode_bf16_map("b (rows x n)", b, 2, b_dims, b_strides, box);
-  // bf16 output: the tiles are stored by TMA, [16 rows][64 columns] per box
+  // bf16 output: the tiles are stored by TMA, [64 rows][64 columns] per box
   // (weight_grad_tile.cuh); fp32 output does not use a map (it gets a copy).
   CUtensorMap out_map = a_map;
   if (args.out_bf16 != nullptr) {
     const cuuint64_t out_dims[2] = {static_cast<cuuint64_t>(args.n),
                                     static_cast<cuuint64_t>(args.num_groups) * static_cast<cuuint64_t>(args.m)};
     const cuuint64_t out_strides[1] = {static_cast<cuuint64_t>(args.n) * 2};
-    const cuuint32_t out_box[2] = {64, 16};
+    const cuuint32_t out_box[2] = {64, 64};
     out_map = device::encode_bf16_map("out_bf16 (groups x m, n)", args.out_bf16, 2, out_dims, out_strides, out_box);
   }
 

@@ -1,7 +1,7 @@
 // The standalone persistent weight-gradient kernel: setup, then one branch
 // per warpgroup role (warpgroup 0 the TMA producer, 1.. the consumers), all
 // walking the same task list (sched/weight_grad_tiles.cuh). out_map: the
-// bf16 output as bf16 {n, groups x m}, box {64, 16}, 128-byte swizzle (bf16
+// bf16 output as bf16 {n, groups x m}, box {64, 64}, 128-byte swizzle (bf16
 // tiles are stored by TMA); unused for fp32 output.
 #pragma once
 
