@@ -280,10 +280,10 @@ __device__ __forceinline__ void store_empty_weight_grad_tile(int consumer, const
 // (48 KB: slots 0-5) or the staging area (16 KB: slots 6-7), each warp its 16
 // rows of each of its warpgroup's boxes. Then one thread of each warpgroup
 // stores its four boxes and commits one bulk group, which release_held_stage
-// waits for. Whole-warpgroup boxes rather than one per warp: the TMA unit
-// reads a tile of 16-row boxes from shared memory at ~28 bytes a cycle and
-// takes ~1,300 cycles of the next K loop's tensor time doing it; per-box
-// costs are most of that (docs/perf-notes.md v10). Rows past m are not
+// waits for. Whole-warpgroup boxes rather than one per warp: the TMA unit's
+// cost is mostly per box -- a tile in 32 boxes of 16 rows took ~1,290 cycles
+// of the next K loop's tensor time, in these 8 ~560 (docs/perf-notes.md
+// v10). Rows past m are not
 // stored (m is a multiple of 64: a warpgroup's rows are all in or all out);
 // columns past n neither. Every consumer warpgroup must call it (two
 // barriers: both warpgroups' wgmma have read the held stage before either
