@@ -2,10 +2,10 @@
 // fastest, walked with a fixed stride (CTA b of P takes tasks b, b + P, ...:
 // the grouped weight gradient's list, device/sched/weight_grad_tiles.cuh).
 // The place is kept in the list's own digits and moved by the stride's
-// digits with carries, so that only the first task costs divisions: between
-// two weight-gradient tiles, the next tile's place used to be two runtime
-// integer divisions (~100 instructions) on the path from one tile's last
-// wgmma to the next tile's first (docs/perf-notes.md v8). Plain integer
+// digits with carries, so that only the first task costs divisions (between
+// two weight-gradient tiles the next place used to take two runtime integer
+// divisions; timed on an H200 the change was below the runs' spread,
+// docs/perf-notes.md v10: it is kept as the simpler walk). Plain integer
 // code, shared by the kernels and the CPU tests.
 #pragma once
 
