@@ -1,8 +1,11 @@
 """Where one traced pass's time went, from a `mok_cli --trace FILE` CSV
-(rank, cta, kind, detail, begin_ns, end_ns, cycles): the pass's span; per
-role (GEMM CTAs: those that ran a mainloop; dispatch CTAs: those that
-copied rows) the mean time per CTA in each event kind; and per task kind
-the tasks, the mean mainloop time and its rate per SM.
+(rank, cta, kind, detail, begin_ns, end_ns, cycles; FILE.csv.xz too): the
+pass's span; per role (GEMM CTAs: those that ran a mainloop; dispatch CTAs:
+those that copied rows) the mean time per CTA in each event kind; and per
+task kind the tasks, the mean mainloop time and its rate per SM, then the
+consumers' cycles per task: mainloop, epilogue, hand-off, and the gap from
+the previous task's hand-off to this task's mainloop on the same CTA (which
+holds the tracer's own event records).
 
   python3 scripts/trace_summary.py FILE.csv [--flop KIND=FLOP ...]
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import lzma
 
 
 def main() -> None:
@@ -22,7 +26,7 @@ def main() -> None:
     parser.add_argument("--flop", action="append", default=[], help="KIND=FLOP per task of that kind (detail)")
     args = parser.parse_args()
     flop = dict(item.split("=") for item in args.flop)
-    rows = list(csv.DictReader(open(args.csv)))
+    rows = list(csv.DictReader(lzma.open(args.csv, "rt") if args.csv.endswith(".xz") else open(args.csv)))
     if not rows:
         print("  (empty trace)")
         return
@@ -53,6 +57,34 @@ def main() -> None:
         mean_ns = loop_ns[kind] / tasks[kind]
         rate = f", {float(flop[kind]) / mean_ns / 1e3:.2f} TFLOP/s per SM" if kind in flop else ""
         print(f"  task kind {kind}: {tasks[kind]} tasks, mainloop {mean_ns / 1e3:.2f} us each{rate}")
+    consumer_cycles(rows)
+
+
+def consumer_cycles(rows) -> None:
+    """Per task kind, the consumers' mean cycles in each phase of a task."""
+    timeline = collections.defaultdict(list)
+    for r in rows:
+        if r["kind"] in ("mainloop", "epilogue", "handoff"):
+            timeline[(r["rank"], r["cta"])].append(
+                (int(r["begin_ns"]), r["kind"], r["detail"], int(r["cycles"] or 0), int(r["end_ns"])))
+    phases = collections.defaultdict(lambda: collections.defaultdict(list))
+    for events in timeline.values():
+        events.sort()
+        handoff_end = None
+        for begin, kind, detail, cycles, end in events:
+            phases[detail][kind].append(cycles)
+            if kind == "mainloop" and handoff_end is not None:
+                phases[detail]["gap ns"].append(begin - handoff_end)
+            if kind == "handoff":
+                handoff_end = end
+    if not phases:
+        return
+    print("  consumers per task (mean): kind, mainloop / epilogue / hand-off cycles, gap before the mainloop")
+    for detail in sorted(phases, key=int):
+        p = phases[detail]
+        mean = {k: sum(v) / len(v) for k, v in p.items() if v}
+        print(f"    {detail:>3}: {mean.get('mainloop', 0):9.0f} / {mean.get('epilogue', 0):7.0f} / "
+              f"{mean.get('handoff', 0):6.0f} cycles, gap {mean.get('gap ns', 0) / 1e3:.2f} us")
 
 
 if __name__ == "__main__":
