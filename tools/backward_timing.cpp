@@ -268,25 +268,9 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
   };
   const Timing save_bf16 = time_mode(backward, bwd, WeightGradOutput::kBf16);
   print_timing("bf16", save_bf16, "");
-  {  // About a second of passes back to back, by NVML (the pass runs at the power cap: docs/perf-notes.md)
-    int cuda_device = 0;
-    MOK_CUDA_CHECK(cudaGetDevice(&cuda_device));
-    EnergyMeter meter(cuda_device);
-    if (meter.available()) {
-      const int passes = std::max(10, static_cast<int>(1000.0 / std::max(save_bf16.b2b_ms, 0.01)));
-      const auto r = meter.measure([&] {
-        for (int i = 0; i < passes; ++i) backward.run(bwd, nullptr, WeightGradOutput::kBf16);
-        MOK_CUDA_CHECK(cudaDeviceSynchronize());
-      });
-      backward.check();
-      const double joules = r.joules / passes;
-      std::printf("    energy over %d passes back to back (NVML): %.3f J per pass, %.2f pJ per useful FLOP, %.0f W, "
-                  "mean SM clock %.0f MHz\n",
-                  passes, joules, joules / flops * 1e12, r.joules / r.seconds, r.mean_sm_mhz);
-    } else {
-      std::printf("    energy: not measured (NVML not available)\n");
-    }
-  }
+  // About a second of passes back to back, by NVML (the pass runs at the power cap: docs/perf-notes.md).
+  report_energy("    ", save_bf16.b2b_ms, flops, [&] { backward.run(bwd, nullptr, WeightGradOutput::kBf16); });
+  backward.check();
   {  // bf16 weight gradients, as the autograd asks for bf16 weights
     FusedForwardOptions traced_options = options;
     traced_options.trace_events = 1 << 22;

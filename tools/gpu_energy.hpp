@@ -10,11 +10,15 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <thread>
+
+#include "common/cuda_check.hpp"
 
 namespace mok::tools {
 
@@ -108,5 +112,29 @@ class EnergyMeter {
   Device handle_ = nullptr;
   bool initialised_ = false, available_ = false;
 };
+
+// About a second of passes back to back (run_pass() enqueues one; `pass_ms`
+// is a pass's time, `flops` its useful FLOPs), measured by NVML on the
+// current device and printed as "<indent>energy over N passes ...": energy
+// per pass and per useful FLOP, mean power and SM clock.
+template <class RunPass>
+void report_energy(const char* indent, double pass_ms, double flops, RunPass&& run_pass) {
+  int cuda_device = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&cuda_device));
+  EnergyMeter meter(cuda_device);
+  if (!meter.available()) {
+    std::printf("%senergy: not measured (NVML not available)\n", indent);
+    return;
+  }
+  const int passes = std::max(10, static_cast<int>(1000.0 / std::max(pass_ms, 0.01)));
+  const auto r = meter.measure([&] {
+    for (int i = 0; i < passes; ++i) run_pass();
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  });
+  const double joules = r.joules / passes;
+  std::printf("%senergy over %d passes back to back (NVML): %.3f J per pass, %.2f pJ per useful FLOP, %.0f W, "
+              "mean SM clock %.0f MHz\n",
+              indent, passes, joules, joules / flops * 1e12, r.joules / r.seconds, r.mean_sm_mhz);
+}
 
 }  // namespace mok::tools

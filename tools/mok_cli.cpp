@@ -266,23 +266,8 @@ using mok::tools::time_forward;
 // and per useful FLOP, mean power and SM clock (the H200 trades clock for
 // power at its cap; docs/perf-notes.md, "The power cap").
 void report_energy(mok::FusedForward& forward, const mok::DeviceLayer& device, double pass_ms, double flops) {
-  int cuda_device = 0;
-  MOK_CUDA_CHECK(cudaGetDevice(&cuda_device));
-  mok::tools::EnergyMeter meter(cuda_device);
-  if (!meter.available()) {
-    std::printf("      energy: not measured (NVML not available)\n");
-    return;
-  }
-  const int passes = std::max(10, static_cast<int>(1000.0 / std::max(pass_ms, 0.01)));
-  const auto r = meter.measure([&] {
-    for (int i = 0; i < passes; ++i) forward.run(device.tensors());
-    MOK_CUDA_CHECK(cudaDeviceSynchronize());
-  });
+  mok::tools::report_energy("      ", pass_ms, flops, [&] { forward.run(device.tensors()); });
   forward.check();
-  const double joules = r.joules / passes;
-  std::printf("      energy over %d passes back to back (NVML): %.3f J per pass, %.2f pJ per useful FLOP, "
-              "%.0f W, mean SM clock %.0f MHz\n",
-              passes, joules, joules / flops * 1e12, r.joules / r.seconds, r.mean_sm_mhz);
 }
 
 // One traced pass (after a warm-up one) with the same options: prints the
