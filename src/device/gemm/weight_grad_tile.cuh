@@ -283,9 +283,8 @@ __device__ __forceinline__ void store_empty_weight_grad_tile(int consumer, const
 // waits for. Whole-warpgroup boxes rather than one per warp: the TMA unit's
 // cost is mostly per box -- a tile in 32 boxes of 16 rows took ~1,290 cycles
 // of the next K loop's tensor time, in these 8 ~560 (docs/perf-notes.md
-// v10). Rows past m are not
-// stored (m is a multiple of 64: a warpgroup's rows are all in or all out);
-// columns past n neither. Every consumer warpgroup must call it (two
+// v10). Rows past m are not stored (m is a multiple of 64: a warpgroup's
+// rows are all in or all out); columns past n neither. Every consumer warpgroup must call it (two
 // barriers: both warpgroups' wgmma have read the held stage before either
 // writes into it, and every warp's rows are written before a box is stored).
 // The rounding and the bits are store_weight_grad_tile's.
