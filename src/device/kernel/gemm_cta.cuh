@@ -88,12 +88,9 @@ __device__ __forceinline__ bool run_gemm_cta(Ctx& ctx, FusedGemmShared& gemm_sme
     }
     for (int s = 0; s < kTaskSlots; ++s) {
       mbarrier_init(&gemm_smem.task_full[s], 1);
-      mbarrier_init(&gemm_smem.task_empty[s], Cfg::kConsumerWarps);
-      mbarrier_init(&gemm_smem.rows_ready[s], 1);
-    }
-    for (int s = 0; s < kDoneSlots; ++s) {
+      mbarrier_init(&gemm_smem.task_empty[s], 1);  // the signaler
       mbarrier_init(&gemm_smem.done_full[s], Cfg::kConsumerWarps);
-      mbarrier_init(&gemm_smem.done_empty[s], 1);
+      mbarrier_init(&gemm_smem.rows_ready[s], 1);
     }
     fence_barrier_init();
   }

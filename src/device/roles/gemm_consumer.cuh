@@ -180,45 +180,30 @@ __device__ __forceinline__ TakenTask take_task(FusedGemmShared& smem, SlotCursor
   return taken;
 }
 
-// The end of the task list (every consumer thread): its slot back to the
-// producer, and the list's end to the signaler, after every earlier task.
-template <class OnStall>
-__device__ __forceinline__ void end_task_list(FusedGemmShared& smem, int consumer, const GemmTask& task,
-                                              int task_slot, const SlotCursor<kDoneSlots>& done,
-                                              const OnStall& on_stall) {
-  const int lane = threadIdx.x % 32;
+// The end of the task list (every consumer thread): its slot to the
+// signaler, which takes the end after every earlier task and returns.
+__device__ __forceinline__ void end_task_list(FusedGemmShared& smem, int task_slot) {
   __syncwarp();
-  if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
-  if (lane == 0) {
-    mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-    if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-    mbarrier_arrive(&smem.done_full[done.slot]);
-  }
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(&smem.done_full[task_slot]);
 }
 
-// After a task's epilogue (every consumer thread): the task slot back to the
-// producer, the task to the signaler, the task's trace. Each warp orders its
-// generic stores before later async-proxy (TMA) reads on other SMs where
-// there are any, then arrives; the arrival (release, CTA scope) and the
-// signaler's wait (acquire) put these stores before the signaler's release
-// of the counters. Outputs read with plain loads (home rows, shared_out)
-// skip the (costly) proxy fence.
-template <class Ctx, class OnStall>
-__device__ __forceinline__ void hand_off_task(Ctx& ctx, FusedGemmShared& smem, int consumer, const GemmTask& task,
-                                              int task_slot, SlotCursor<kDoneSlots>& done, bool output_read_by_tma,
-                                              bool tracer, const OnStall& on_stall) {
+// After a task's epilogue (every consumer thread): the task to the signaler
+// (which frees its slot for the producer once it has published it), the
+// task's trace. Each warp orders its generic stores before later async-proxy
+// (TMA) reads on other SMs where there are any, then arrives; the arrival
+// (release, CTA scope) and the signaler's wait (acquire) put these stores
+// before the signaler's release of the counters. Outputs read with plain
+// loads (home rows, shared_out) skip the (costly) proxy fence. One barrier
+// operation per warp: after a synchronous epilogue each one waits for the
+// warp's stores to leave the SM.
+template <class Ctx>
+__device__ __forceinline__ void hand_off_task(Ctx& ctx, FusedGemmShared& smem, const GemmTask& task, int task_slot,
+                                              bool output_read_by_tma, bool tracer) {
   const int lane = threadIdx.x % 32;
-  __syncwarp();
-  if (lane == 0) mbarrier_arrive(&smem.task_empty[task_slot]);
   if (tracer) smem.trace_stores_end = trace_now();
   if (output_read_by_tma) fence_proxy_async_global();
   __syncwarp();
-  if (lane == 0) {
-    mbarrier_wait_parity(&smem.done_empty[done.slot], done.phase ^ 1u, on_stall);
-    if (consumer == 0 && threadIdx.x % 128 == 0) smem.done[done.slot] = task;
-    mbarrier_arrive(&smem.done_full[done.slot]);
-  }
-  done.advance();
+  if (lane == 0) mbarrier_arrive(&smem.done_full[task_slot]);
   if (tracer) {
     const TraceStamp end = trace_now();
     trace_record(ctx.params, TraceKind::kMainloop, task.kind, ctx.rank, smem.trace_task_begin,
@@ -241,7 +226,6 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
   auto& storage = reinterpret_cast<GemmSharedStorage<MainCfg>&>(smem.storage);
   StageRing<MainCfg::kStages> ring{storage.full, storage.empty};
   SlotCursor<kTaskSlots> tasks;
-  SlotCursor<kDoneSlots> done;
   float acc[MainCfg::kAccRegs];
   // The stage a bf16 weight-gradient tile's TMA store still reads (the next
   // weight-gradient tile's K loop hands it back; weight_grad_tile.cuh).
@@ -257,7 +241,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
       // leave the GEMM work (and the CTA, its shared memory).
       if (held.stage >= 0 && lane == 0) bulk_wait_all();
       release_held_stage(ring, held);
-      end_task_list(smem, consumer, task, task_slot, done, on_stall);
+      end_task_list(smem, task_slot);
       return;
     }
     // One thread of the CTA stamps the consumers' timeline.
@@ -328,7 +312,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
                                                                                       task_slot, n_cols, held);
       });
     }
-    hand_off_task(ctx, smem, consumer, task, task_slot, done, output_read_by_tma, tracer, on_stall);
+    hand_off_task(ctx, smem, task, task_slot, output_read_by_tma, tracer);
   }
 }
 

@@ -53,13 +53,12 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
   // stage stride), and its barriers after them: one ring for all.
   StageRing<kFusedStages> ring{smem.storage.full, smem.storage.empty};
   SlotCursor<kTaskSlots> tasks;
-  SlotCursor<kDoneSlots> done;
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
 
   for (;;) {
     const auto [task, task_slot, task_phase] = take_task(smem, tasks, on_stall);
     if (task.kind == protocol::kNoTask) {
-      end_task_list(smem, consumer, task, task_slot, done, on_stall);
+      end_task_list(smem, task_slot);
       return;
     }
     const bool tracer = ctx.params.trace != nullptr && consumer == 0 && threadIdx.x % 128 == 0;
@@ -110,7 +109,7 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
       mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
       if (!idle) store_task_output<Spec>(ctx, smem, acc, consumer, task, task_slot, n_cols, HeldStage{});
     });
-    hand_off_task(ctx, smem, consumer, task, task_slot, done, output_read_by_tma, tracer, on_stall);
+    hand_off_task(ctx, smem, task, task_slot, output_read_by_tma, tracer);
   }
 }
 

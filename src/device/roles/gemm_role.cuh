@@ -95,7 +95,6 @@ static_assert(!kinds_mix_b_major<protocol::ForwardPass>());
 
 inline constexpr int kFetchSlots = 1;  // tasks fetched ahead of the producer (gemm_fetcher.cuh)
 inline constexpr int kTaskSlots = 2;
-inline constexpr int kDoneSlots = 2;  // finished tasks queued for the signaler
 
 struct GemmTask {
   int32_t kind;       // the pass's task kind, or protocol::kNoTask (end of the list)
@@ -112,15 +111,19 @@ struct FusedGemmShared {
   GemmTask fetched[kFetchSlots];
   uint64_t fetch_full[kFetchSlots];   // the fetcher queued a task whose inputs are ready
   uint64_t fetch_empty[kFetchSlots];  // the producer posted it to the consumers
+  // A task slot's life: the producer posts a task (task_full), the consumers
+  // run it and each consumer warp arrives on done_full after its epilogue's
+  // stores; the signaler then publishes the task (reading it from the slot)
+  // and frees the slot (task_empty). One barrier operation per consumer warp
+  // and task: after a synchronous epilogue every such operation waits for the
+  // warp's stores to leave the SM (docs/perf-notes.md v12).
   GemmTask tasks[kTaskSlots];
   uint64_t task_full[kTaskSlots];
-  uint64_t task_empty[kTaskSlots];
+  uint64_t task_empty[kTaskSlots];  // the signaler published the slot's task
+  uint64_t done_full[kTaskSlots];   // every consumer warp stored its part of the slot's task
   // Tasks whose rows go to home ranks: where each row goes (null: padding), by task slot.
   uint16_t* row_destination[kTaskSlots][FusedGemmCfg::kBlockM];
   uint64_t rows_ready[kTaskSlots];
-  GemmTask done[kDoneSlots];
-  uint64_t done_full[kDoneSlots];   // every consumer warp stored its part of the task
-  uint64_t done_empty[kDoneSlots];  // the signaler took the task
   int32_t expert_offset[kMaxScheduleExperts + 1];  // the fetcher's copy of the rank's schedule offsets
   int32_t expert_rows[kMaxScheduleExperts];        // and of its real rows per expert
   // Trace stamps of the consumers' current task (kept here, not in registers,

@@ -8,26 +8,27 @@
 namespace mok::device {
 
 // The signaler (one thread of the producer warpgroup): publishes each task
-// the consumers finished, in order, then frees its queue slot. Returns when
-// the consumers post the end of the task list.
+// the consumers finished, in order, then frees its task slot for the
+// producer. Returns when the consumers finish the end of the task list.
 template <class Ctx>
 __device__ __forceinline__ void gemm_signaler(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
-  const auto& v = ctx.view();
   // Counter indices depend on the ring's shape only, never on the schedule's
   // length: the geometry without schedule rows serves every task.
   const protocol::PassGeometry<Pass> g = ctx.geometry(0);
-  SlotCursor<kDoneSlots> done;
+  SlotCursor<kTaskSlots> done;
   for (;;) {
     mbarrier_wait_parity(&smem.done_full[done.slot], done.phase);
     const TraceStamp begin = trace_now();
-    const GemmTask task = smem.done[done.slot];
+    // Still the consumers' task: the producer posts to this slot again only
+    // after the arrival below.
+    const GemmTask task = smem.tasks[done.slot];
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
       // (A per-expert counter names the task's expert; no target is computed here.)
       protocol::signal_outputs<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(
           ctx.sync, ctx.counters(), g, task.minibatch, task.m_tile, protocol::ExpertOfWork{task.expert, 0});
     });
-    mbarrier_arrive(&smem.done_empty[done.slot]);
+    mbarrier_arrive(&smem.task_empty[done.slot]);
     done.advance();
     if (task.kind == protocol::kNoTask) return;
     trace_record(ctx.params, TraceKind::kSignal, task.kind, ctx.rank, begin, trace_now());
