@@ -118,11 +118,15 @@ __device__ __forceinline__ uint64_t b_descriptor_at(uint64_t desc, int k) {
 // never ends does (async_copy.cuh). With `keep_last`, the last k-block's
 // stage is not handed back: it is returned (else -1) for the tile's output
 // to go through it by TMA (the caller hands it back once the store has read
-// it: weight_grad_tile.cuh's held stage).
-template <class Cfg, class OnStall = TrapOnStall>
+// it: tile_store_async.cuh's held stage). `after_block(kb)` runs once k-block
+// kb is issued (the caller hands back an earlier tile's held stage there).
+struct NoAfterBlock {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+template <class Cfg, class OnStall = TrapOnStall, class AfterBlock = NoAfterBlock>
 __device__ __forceinline__ int mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring, int consumer,
                                         int k_blocks, float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {},
-                                        bool keep_last = false) {
+                                        bool keep_last = false, const AfterBlock& after_block = {}) {
   static_assert(Cfg::kElement == ElementType::kBF16, "this build wraps the bf16 wgmma only");
   const bool releaser = (threadIdx.x % 32) == 0;  // one arrival per consumer warp
   int prev_stage = -1;
@@ -144,6 +148,7 @@ __device__ __forceinline__ int mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<
     if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
     prev_stage = ring.stage;
     ring.advance();
+    after_block(kb);
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
@@ -158,10 +163,10 @@ __device__ __forceinline__ int mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<
 // only once every consumer warp has released it, so the early release here
 // never frees a stage the other warpgroup still reads; and with one
 // warpgroup issuing wgmma the tensor cores serve it alone. `keep_last`: as
-// mma_tile's (both warpgroups keep the same stage).
-template <class Cfg, class OnStall = TrapOnStall>
+// mma_tile's (both warpgroups keep the same stage), and so is `after_block`.
+template <class Cfg, class OnStall = TrapOnStall, class AfterBlock = NoAfterBlock>
 __device__ __forceinline__ int skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks, const OnStall& on_stall = {},
-                                         bool keep_last = false) {
+                                         bool keep_last = false, const AfterBlock& after_block = {}) {
   const bool releaser = (threadIdx.x % 32) == 0;
   int last = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
@@ -169,6 +174,7 @@ __device__ __forceinline__ int skip_tile(StageRing<Cfg::kStages>& ring, int k_bl
     last = ring.stage;
     if (releaser && !(keep_last && kb == k_blocks - 1)) ring.consumer_release(ring.stage);
     ring.advance();
+    after_block(kb);
   }
   return keep_last ? last : -1;
 }

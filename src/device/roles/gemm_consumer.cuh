@@ -295,29 +295,39 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
         });
       }
     }
-    if (!per_expert && held.stage >= 0) {
-      // Another kind after a weight-gradient tile (no table orders one so
-      // today): the stage goes back first, and no warp's epilogue reuses the
-      // staging area before every warp's store has read it.
-      release_held_stage(ring, held);
-      named_barrier_sync(kBarrierFusedWeightGradClear, 128 * MainCfg::kConsumerWarpgroups);
-    }
+    // Another kind after a box-stored tile (a dx_j tile, or a weight-gradient
+    // tile): its held stage goes back once this K loop has issued its second
+    // k-block, as mma_weight_grad_tile does (the store has had a k-block's
+    // time to read it, and the producer has a k-block's time to refill it),
+    // or at the end of a shorter loop. Then no warp's epilogue reuses the
+    // staging area before every warp's store has read it (a barrier below).
+    HeldStage earlier = per_expert ? HeldStage{} : held;
+    if (!per_expert) held.stage = -1;
+    const bool hands_back = earlier.stage >= 0;
+    const auto hand_back_after = [&](int kb) {
+      if (kb == 1) release_held_stage(ring, earlier);
+    };
     // A late-signalled tile (dx_j) keeps its last stage for its TMA store.
     if (per_expert) {
     } else if (idle) {
-      held.stage = skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall, late);
+      held.stage = skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall, late, hand_back_after);
     } else if constexpr (kinds_mix_b_major<Pass>()) {
       using MNCfg = MainloopCfg<Pass, OperandMajor::kMN>;
       using KCfg = MainloopCfg<Pass, OperandMajor::kK>;
       if (b_mn) {
         held.stage = mma_tile<MNCfg>(reinterpret_cast<GemmSharedStorage<MNCfg>&>(smem.storage), ring, consumer,
-                                     k / MainCfg::kBlockK, acc, on_stall, late);
+                                     k / MainCfg::kBlockK, acc, on_stall, late, hand_back_after);
       } else {
         held.stage = mma_tile<KCfg>(reinterpret_cast<GemmSharedStorage<KCfg>&>(smem.storage), ring, consumer,
-                                    k / MainCfg::kBlockK, acc, on_stall, late);
+                                    k / MainCfg::kBlockK, acc, on_stall, late, hand_back_after);
       }
     } else {
-      held.stage = mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall, late);
+      held.stage = mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall, late,
+                                     hand_back_after);
+    }
+    if (hands_back) {
+      release_held_stage(ring, earlier);  // a loop of fewer than two k-blocks
+      named_barrier_sync(kBarrierFusedWeightGradClear, 128 * MainCfg::kConsumerWarpgroups);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
     // Every task, not only those going home: the resolver must be done with
