@@ -11,7 +11,7 @@
 //   shared dx            tokens    shared d13   shared W13 (MN)   2S       shared dx        shared_d13_ready      shared_done
 //   g + SwiGLU'          schedule  dout rows    W2[e] (MN)        H        d13 rows, w*h    rows_filled           d13_ready, expert_rows_done
 //                                                                           (and <g,h> parts to the home (t, j))
-//   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       home rows        d13_ready             dx_done
+//   dx_j                 schedule  d13 rows     W13[e] (MN)       2I       dx rows (TMA)    d13_ready             dx_done (late)
 //   shared dW13 tile     tokens^T  shared d13^T x (MN)            T        fp32 shared dW13 shared_grad_done      -
 //   shared dW2 tile      tokens^T  dout^T       shared h (MN)     T        fp32 shared dW2  shared_grad_done      -
 //   dW13[e] tile         expert    d13 rows^T   x rows (MN)       rows(e)  fp32 dW13[e]     expert_rows_done[e]   -
@@ -23,7 +23,9 @@
 //     rows_filled; it waits for nothing.
 //   combine (home rank): waits for shared_done and every owner's dx_done, then
 //     dx = shared dx + sum_j dx_j in slot order, and dweights from the parts
-//     in n-tile order.
+//     in n-tile order. It reads dx_j of (token, slot) from the owner's dx
+//     rows, at the schedule row the owner's dispatch wrote into the home's
+//     dx_row_of when it pulled that row's dout.
 //
 // Ticket order: the shared expert's kinds, then the pipeline (each step: dx of
 // minibatch m - L, n-tile major, then g of minibatch m), then the finale: the
@@ -91,10 +93,14 @@ struct BackwardCommon {
   static constexpr TaskKindSpec kSharedDxKind = {
       kBackwardDxTile, Tensor::kSharedD13, Tensor::kSharedW13, Dim::kTwoSharedWidth, Dim::kHidden, Rows::kTokens,
       Tensor::kSharedDx, {{kSharedD13Ready, Await::kReady}}, {{kSharedDone}}};
-  // dx_j = d13 rows . W13[e], to the home rank's row of (token, slot).
+  // dx_j = d13 rows . W13[e], by schedule row into the owner's dx rows (TMA
+  // boxes, as the weight gradients' bf16 tiles; a tile of 16-byte stores to
+  // the home rows held each later barrier operation of its warps until the
+  // stores had left the SM: docs/perf-notes.md v12). Its signal comes late
+  // (protocol::signals_late): the stores complete during the next task.
   static constexpr TaskKindSpec kDxKind = {
       kBackwardDxTile, Tensor::kD13Rows, Tensor::kW13, Dim::kTwoIntermediate, Dim::kHidden, Rows::kSchedule,
-      Tensor::kHomeCombine, {{kD13Ready, Await::kReady}}, {{kDxDone}}};
+      Tensor::kDxRows, {{kD13Ready, Await::kReady}}, {{kDxDone}}};
   // dW13[e] = d13 rows^T . x rows, over the expert's rows in schedule order.
   static constexpr TaskKindSpec kWeightGrad13Kind = {
       kBackwardWeightTile, Tensor::kD13Rows, Tensor::kXRows, Dim::kNone, Dim::kHidden, Rows::kExpert,
@@ -127,7 +133,7 @@ struct BackwardCommon {
     static constexpr RoleSpec value = {{{kSharedDone, Await::kReady}, {kDxDone, Await::kReady}},
                                        {},
                                        {},
-                                       {Tensor::kHomeCombine, Tensor::kSharedDx}};
+                                       {Tensor::kDxRows, Tensor::kSharedDx}};
   };
 };
 

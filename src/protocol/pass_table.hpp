@@ -81,6 +81,9 @@ enum class Tensor : int32_t {
   kSharedPreact = 21,     // bf16 [T, 2S]: the shared expert's [gate | up] (saved, or recomputed)
   kSharedWeightGrad13 = 22,  // fp32 [2S, H]: the shared expert's dW13
   kSharedWeightGrad2 = 23,   // fp32 [H, S]: its dW2
+  // bf16 [P, H]: dx_j of every schedule row on its owner, stored by TMA
+  // boxes; the home rank's combine reads each (token, slot)'s row there.
+  kDxRows = 24,
 };
 inline constexpr int32_t kNumMappedTensors = 8;
 MOK_HD constexpr bool read_through_map(Tensor t) {
@@ -386,21 +389,31 @@ MOK_HD constexpr int32_t map_index(int32_t kind, int32_t operand) {
 
 // The TMA tensor maps per rank of a pass with a map per operand and weight
 // gradients (the backward's): one per operand of each kind (map_index), then
-// the weight gradients' outputs (dW13, dW2, the shared expert's dW13, dW2),
-// through which their bf16 tiles are stored (unused, and left zero, for fp32
-// output).
-inline constexpr int32_t kWeightGradOutputs = 4;
+// the outputs stored by TMA boxes: the weight gradients (dW13, dW2, the
+// shared expert's dW13, dW2; unused, and left zero, for fp32 output) and
+// the dx rows.
+inline constexpr int32_t kBoxStoredOutputs = 5;
 template <class Pass>
 MOK_HD constexpr int32_t num_backward_maps() {
-  return 2 * Pass::kNumKinds + kWeightGradOutputs;
+  return 2 * Pass::kNumKinds + kBoxStoredOutputs;
 }
 template <class Pass>
-MOK_HD constexpr int32_t weight_grad_output_map(Tensor out) {
+MOK_HD constexpr int32_t output_map(Tensor out) {
   return 2 * Pass::kNumKinds + (out == Tensor::kWeightGrad13         ? 0
                                 : out == Tensor::kWeightGrad2        ? 1
                                 : out == Tensor::kSharedWeightGrad13 ? 2
-                                                                     : 3);
+                                : out == Tensor::kSharedWeightGrad2  ? 3
+                                                                     : 4);
 }
+
+// An output whose TMA stores may still be in flight when its task is handed
+// off, because a reader in the same pass needs them complete (the dx rows,
+// which the combine reads): its issuing threads wait for them before the
+// next task's epilogue, and the signaler publishes such a task together with
+// the next one (docs/protocol.md, "Late signals"). The kinds that wait for
+// its signals must not be in the GEMM CTAs' task lists (the combine alone
+// waits for dx_done).
+MOK_HD constexpr bool signals_late(Tensor out) { return out == Tensor::kDxRows; }
 
 // Whether some kind of the pass reads tensor t through TMA (the async proxy):
 // a task storing t with generic stores must then fence before it signals.
@@ -467,6 +480,19 @@ constexpr bool pass_table_is_consistent() {
     }
     for (const CounterSignal& sig : spec.signals) {
       if (sig.counter != kNoCounter && !allowed(sig.counter)) return false;
+    }
+  }
+  // A kind whose signals come late (signals_late) signals no counter that a
+  // kind waits for: the signaler holds them until the CTA's next task is
+  // done, which must not depend on them.
+  for (int32_t k = 0; k < Pass::kNumKinds; ++k) {
+    if (!signals_late(Pass::kKinds[k].out)) continue;
+    for (const CounterSignal& sig : Pass::kKinds[k].signals) {
+      for (int32_t j = 0; sig.counter != kNoCounter && j < Pass::kNumKinds; ++j) {
+        for (const CounterWait& w : Pass::kKinds[j].waits) {
+          if (w.counter == sig.counter) return false;
+        }
+      }
     }
   }
   // The roles: counters that exist; the combine, which names no m-tile or

@@ -82,7 +82,8 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
     take(g.d13_rows, P * 2 * I * 2);
     take(g.hw_rows, P * I * 2);
     take(g.dw_parts, T * k * parts * 4);
-    take(g.combine, T * k * H * 2);
+    take(g.dx_rows, P * H * 2);
+    take(g.dx_row_of, T * k * 8);
     take(g.shared_d13, T_pad * 2 * S * 2);
     take(g.shared_h, T_pad * S * 2);
     take(g.shared_dx, T * H * 2);
@@ -116,7 +117,7 @@ BackwardLayout backward_layout(const LayerConfig& config, const FusedForwardOpti
 std::vector<NamedRegion> regions(const BackwardRankLayout& g) {
   return {{"dout_rows", g.dout_rows},   {"x_rows", g.x_rows},           {"w_rows", g.w_rows},
           {"d13_rows", g.d13_rows},     {"hw_rows", g.hw_rows},         {"dw_parts", g.dw_parts},
-          {"combine", g.combine},       {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
+          {"dx_rows", g.dx_rows},       {"dx_row_of", g.dx_row_of}, {"shared_d13", g.shared_d13},   {"shared_h", g.shared_h},
           {"shared_dx", g.shared_dx},   {"counters[0]", g.counters[0]}, {"counters[1]", g.counters[1]},
           {"barrier", g.barrier},       {"staged_x", g.staged_x},       {"staged_dout", g.staged_dout},
           {"staged_weights", g.staged_weights}, {"staged_expert_offset", g.staged_expert_offset},

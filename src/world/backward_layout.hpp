@@ -38,7 +38,8 @@ struct BackwardRankLayout {
   Region d13_rows;       // bf16 [buffer rows, 2I]
   Region hw_rows;        // bf16 [buffer rows, I]
   Region dw_parts;       // fp32 [T k, parts]
-  Region combine;        // bf16 [T k, H]: dx_j per (token, slot)
+  Region dx_rows;        // bf16 [buffer rows, H]: dx_j by schedule row (read by the home ranks' combine)
+  Region dx_row_of;      // {owner, row} [T k]: where each (token, slot)'s dx_j lies (owners' dispatch)
   Region shared_d13;     // bf16 [T rounded up to tile_m, 2S]
   Region shared_h;       // bf16 [T rounded up to tile_m, S]
   Region shared_dx;      // bf16 [T, H]

@@ -77,10 +77,13 @@ BackwardMaps encode_backward_maps(BackwardState& s, std::span<const BackwardRank
     m[map(Pass::kWeightGrad13, 1)] = encode("x rows (mn)", v.x_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
     m[map(Pass::kWeightGrad2, 0)] = encode("dout rows (mn)", v.dout_rows, 2, {H, P, 1}, {H * 2, 0}, box_mn);
     m[map(Pass::kWeightGrad2, 1)] = encode("w h rows (mn)", v.hw_rows, 2, {I, P, 1}, {I * 2, 0}, box_mn);
-    if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in [64 rows][64 columns] boxes
-      const std::array<cuuint32_t, 3> box_out{64, 64, 1};
+    // dx_j by schedule row, stored by TMA in [64 rows][64 columns] boxes.
+    const std::array<cuuint32_t, 3> box_out{64, 64, 1};
+    m[static_cast<size_t>(protocol::output_map<Pass>(protocol::Tensor::kDxRows))] =
+        encode("dx rows", v.dx_rows, 2, {H, P, 1}, {H * 2, 0}, box_out);
+    if (bf16_grads) {  // the weight gradients' tiles, stored by TMA in the same boxes
       auto out_map = [&](protocol::Tensor out) -> CUtensorMap& {
-        return m[static_cast<size_t>(protocol::weight_grad_output_map<Pass>(out))];
+        return m[static_cast<size_t>(protocol::output_map<Pass>(out))];
       };
       out_map(protocol::Tensor::kWeightGrad13) = encode("dw13 (bf16)", t.dw13, 2, {H, El * 2 * I, 1}, {H * 2, 0}, box_out);
       out_map(protocol::Tensor::kWeightGrad2) = encode("dw2 (bf16)", t.dw2, 2, {I, El * H, 1}, {I * 2, 0}, box_out);

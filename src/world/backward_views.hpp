@@ -76,7 +76,8 @@ void fill_backward_view(const State& s, Params& p, int r) {
   v.d13_rows = reinterpret_cast<uint16_t*>(base + g.d13_rows.offset);
   v.hw_rows = reinterpret_cast<uint16_t*>(base + g.hw_rows.offset);
   v.dw_parts = reinterpret_cast<float*>(base + g.dw_parts.offset);
-  v.combine = reinterpret_cast<uint16_t*>(base + g.combine.offset);
+  v.dx_rows = reinterpret_cast<uint16_t*>(base + g.dx_rows.offset);
+  v.dx_row_of = reinterpret_cast<device::DxRowOf*>(base + g.dx_row_of.offset);
   v.shared_d13 = reinterpret_cast<uint16_t*>(base + g.shared_d13.offset);
   v.shared_h = reinterpret_cast<uint16_t*>(base + g.shared_h.offset);
   v.shared_dx = reinterpret_cast<uint16_t*>(base + g.shared_dx.offset);

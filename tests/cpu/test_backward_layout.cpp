@@ -107,7 +107,8 @@ TEST(BackwardLayout, SizesAreWhatTheKernelReads) {
   EXPECT_EQ(g.d13_rows.bytes, P * 2 * I * 2);
   EXPECT_EQ(g.hw_rows.bytes, P * I * 2);
   EXPECT_EQ(g.dw_parts.bytes, T * k * 1 * 4);
-  EXPECT_EQ(g.combine.bytes, T * k * H * 2);
+  EXPECT_EQ(g.dx_rows.bytes, P * H * 2);
+  EXPECT_EQ(g.dx_row_of.bytes, T * k * 8);
   EXPECT_EQ(g.shared_d13.bytes, 128 * 2 * S * 2);  // tokens rounded up to one tile
   EXPECT_EQ(g.shared_h.bytes, 128 * S * 2);
   EXPECT_EQ(g.shared_dx.bytes, T * H * 2);
@@ -118,8 +119,8 @@ TEST(BackwardLayout, SizesAreWhatTheKernelReads) {
   EXPECT_EQ(zeroed.end(), g.barrier.end());
   EXPECT_LE(g.counters[0].end(), g.counters[1].offset);
   EXPECT_LE(g.counters[1].end(), g.barrier.offset);
-  // Two per kind (its operands) and the two weight gradients' outputs.
-  EXPECT_EQ(g.maps.bytes, (2 * static_cast<size_t>(mok::protocol::BackwardPass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
+  // Two per kind (its operands) and the outputs stored by TMA boxes.
+  EXPECT_EQ(g.maps.bytes, (2 * static_cast<size_t>(mok::protocol::BackwardPass::kNumKinds) + mok::protocol::kBoxStoredOutputs) * kernel.tensor_map_bytes);
   // Without a shared expert its regions are empty.
   const auto plain = mok::make_config(mok::find_shape("tiny"), std::vector<int>{64});
   const auto Lp = mok::world::backward_layout(
@@ -151,7 +152,7 @@ TEST(BackwardLayout, RecomputeModeAddsTheKeptPreactivationsAndItsTablesCounters)
     EXPECT_EQ(g.counters[0].bytes, (mok::protocol::counter_words(g.recompute_geometry) + 1) * 4);
     EXPECT_GT(g.counters[0].bytes, save.ranks[r].counters[0].bytes);  // two more counters
     EXPECT_EQ(g.maps.bytes,
-              (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + mok::protocol::kWeightGradOutputs) * kernel.tensor_map_bytes);
+              (2 * static_cast<size_t>(mok::protocol::BackwardRecomputePass::kNumKinds) + mok::protocol::kBoxStoredOutputs) * kernel.tensor_map_bytes);
     // The regions do not overlap and fit the rank's bytes.
     size_t end = 0;
     for (const auto& region : mok::world::regions(g)) {

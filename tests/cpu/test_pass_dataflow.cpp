@@ -99,10 +99,12 @@ class DataflowModel {
     const int pieces = w == kDispatchWriter ? 1 : g_.n_tiles[w];
     return pieces >= 64 ? ~0ull : (1ull << pieces) - 1;
   }
-  // Where schedule row `row` sits in a buffer of schedule rows (the ring, or
-  // the home rows the outputs of (token, slot) go to).
+  // Where schedule row `row` sits in a buffer of schedule rows (the ring; or
+  // the home rows the outputs of (token, slot) go to, or the backward's dx
+  // rows, which the combine reads by schedule row: the row itself).
+  static bool by_schedule_row(Tensor t) { return t == Tensor::kHomeCombine || t == Tensor::kDxRows; }
   int64_t slot_of_row(Tensor t, int64_t row) const {
-    if (t == Tensor::kHomeCombine) return row;
+    if (by_schedule_row(t)) return row;
     const int32_t m = static_cast<int32_t>(row / g_.tile_m);
     return ring_row_of_tile(g_, m) + row % g_.tile_m;
   }
@@ -238,7 +240,7 @@ class DataflowModel {
     }
     for (Tensor t : P::Combine::value.reads) {
       if (t == Tensor::kNoTensor || writer_of(t) == kInput) continue;
-      const bool schedule_rows = t == Tensor::kHomeCombine;
+      const bool schedule_rows = by_schedule_row(t);
       const int64_t rows = schedule_rows ? g_.padded_rows : tokens_;
       for (int64_t r = 0; r < rows; ++r) expect_complete(t, r, r, "the combine");
     }

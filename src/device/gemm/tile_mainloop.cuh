@@ -115,11 +115,18 @@ __device__ __forceinline__ uint64_t b_descriptor_at(uint64_t desc, int k) {
 // warpgroup] x B[BN rows]^T over the whole K. One wgmma group stays in
 // flight while the next stage is awaited; a stage is handed back as soon as
 // the group that read it has retired. `on_stall`: what a stage wait that
-// never ends does (async_copy.cuh).
-template <class Cfg, class OnStall = TrapOnStall>
-__device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
-                                         int consumer, int k_blocks, float (&acc)[Cfg::kAccRegs],
-                                         const OnStall& on_stall = {}) {
+// never ends does (async_copy.cuh). With `keep_last`, the last k-block's
+// stage is not handed back: it is returned (else -1) for the tile's output
+// to go through it by TMA (the caller hands it back once the store has read
+// it: tile_store_async.cuh's held stage). `after_block(kb)` runs once k-block
+// kb is issued (the caller hands back an earlier tile's held stage there).
+struct NoAfterBlock {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+template <class Cfg, class OnStall = TrapOnStall, class AfterBlock = NoAfterBlock>
+__device__ __forceinline__ int mma_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring, int consumer,
+                                        int k_blocks, float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {},
+                                        bool keep_last = false, const AfterBlock& after_block = {}) {
   static_assert(Cfg::kElement == ElementType::kBF16, "this build wraps the bf16 wgmma only");
   const bool releaser = (threadIdx.x % 32) == 0;  // one arrival per consumer warp
   int prev_stage = -1;
@@ -141,10 +148,13 @@ __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing
     if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
     prev_stage = ring.stage;
     ring.advance();
+    after_block(kb);
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
+  if (keep_last) return prev_stage;
   if (prev_stage >= 0 && releaser) ring.consumer_release(prev_stage);
+  return -1;
 }
 
 // A consumer warpgroup with no real rows in the tile (its 64 rows are all
@@ -152,16 +162,21 @@ __device__ __forceinline__ void mma_tile(GemmSharedStorage<Cfg>& smem, StageRing
 // hands it back -- while the other warpgroup computes. The stage is reused
 // only once every consumer warp has released it, so the early release here
 // never frees a stage the other warpgroup still reads; and with one
-// warpgroup issuing wgmma the tensor cores serve it alone.
-template <class Cfg, class OnStall = TrapOnStall>
-__device__ __forceinline__ void skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks,
-                                          const OnStall& on_stall = {}) {
+// warpgroup issuing wgmma the tensor cores serve it alone. `keep_last`: as
+// mma_tile's (both warpgroups keep the same stage), and so is `after_block`.
+template <class Cfg, class OnStall = TrapOnStall, class AfterBlock = NoAfterBlock>
+__device__ __forceinline__ int skip_tile(StageRing<Cfg::kStages>& ring, int k_blocks, const OnStall& on_stall = {},
+                                         bool keep_last = false, const AfterBlock& after_block = {}) {
   const bool releaser = (threadIdx.x % 32) == 0;
+  int last = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
     ring.consumer_wait(on_stall);
-    if (releaser) ring.consumer_release(ring.stage);
+    last = ring.stage;
+    if (releaser && !(keep_last && kb == k_blocks - 1)) ring.consumer_release(ring.stage);
     ring.advance();
+    after_block(kb);
   }
+  return keep_last ? last : -1;
 }
 
 }  // namespace mok::device

@@ -25,6 +25,7 @@
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
 #include "device/gemm/tile_mainloop.cuh"
+#include "device/gemm/tile_store_async.cuh"
 #include "device/pipeline/stage_ring.cuh"
 #include "device/ptx/async_copy.cuh"
 #include "device/ptx/bulk_copy.cuh"
@@ -90,30 +91,6 @@ __device__ __forceinline__ void clear_rows_past_group(typename GemmSharedStorage
       *reinterpret_cast<uint4*>(base + c * 16) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
-}
-
-// The stage that a tile stored by TMA (store_weight_grad_tile_async) still
-// reads, or -1. Every consumer warp keeps its own copy; they agree, since
-// every consumer warpgroup runs every weight-gradient tile.
-struct HeldStage {
-  int stage = -1;
-};
-
-// Every consumer warp: once the bulk stores its lane 0 issued (if any) have
-// read shared memory, hands the held stage back to the producer (the stage is
-// refilled only once every consumer warp has). The staging
-// area the stores also read is free for the CTA's other warps only after a
-// barrier of every consumer warp that follows this (the next async store
-// has one; gemm_consumer.cuh adds one before any other kind's epilogue).
-template <int kStages>
-__device__ __forceinline__ void release_held_stage(StageRing<kStages>& ring, HeldStage& held) {
-  if (held.stage < 0) return;
-  if (threadIdx.x % 32 == 0) {
-    bulk_wait_read<0>();
-    ring.consumer_release(held.stage);
-  }
-  __syncwarp();
-  held.stage = -1;
 }
 
 // Consumer warpgroup `consumer`: acc = the tile's 64 output rows of this
@@ -270,80 +247,19 @@ __device__ __forceinline__ void store_empty_weight_grad_tile(int consumer, const
   }
 }
 
-// The bf16 tile through shared memory and TMA, so that its global writes run
-// during the next tile's K loop instead of before it (with stores from
-// registers, about an eighth of a DeepSeek-V3 tile's time: docs/perf-notes.md
-// b6). The tile (128 x 256 bf16, 64 KB) is written as eight boxes of
-// [64 rows][64 columns] (8 KB each: one warpgroup's rows, one 64-column
-// block), 128-byte swizzled as the map says (out_map: bf16 {n, groups x m},
-// box {64, 64}); box slot s = consumer * 4 + block lies in the held stage
-// (48 KB: slots 0-5) or the staging area (16 KB: slots 6-7), each warp its 16
-// rows of each of its warpgroup's boxes. Then one thread of each warpgroup
-// stores its four boxes and commits one bulk group, which release_held_stage
-// waits for. Whole-warpgroup boxes rather than one per warp: the TMA unit's
-// cost is mostly per box -- a tile in 32 boxes of 16 rows took ~1,290 cycles
-// of the next K loop's tensor time, in these 8 ~560 (docs/perf-notes.md
-// v10). Rows past m are not stored (m is a multiple of 64: a warpgroup's
-// rows are all in or all out); columns past n neither. Every consumer warpgroup must call it (two
-// barriers: both warpgroups' wgmma have read the held stage before either
-// writes into it, and every warp's rows are written before a box is stored).
-// The rounding and the bits are store_weight_grad_tile's.
+// The bf16 tile through shared memory and TMA (store_tile_boxes_async), so
+// that its global writes run during the next tile's K loop instead of before
+// it (with stores from registers, about an eighth of a DeepSeek-V3 tile's
+// time: docs/perf-notes.md b6). out_map: bf16 {n, groups x m}, box {64, 64};
+// rows past m are not stored (m is a multiple of 64: a warpgroup's rows are
+// all in or all out). The rounding and the bits are store_weight_grad_tile's.
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad_tile_async(const float (&acc)[Cfg::kAccRegs],
                                                              GemmSharedStorage<Cfg>& smem, int consumer,
                                                              const WeightGradTile& tile, const void* out_map, int m,
                                                              int n, const HeldStage& held, int barrier_id) {
-  constexpr int kBlocks = Cfg::kBlockN / 64;          // 64-column blocks of the tile
-  constexpr int kBoxBytes = 64 * 128;                 // [64 rows][64 bf16 columns]
-  constexpr int kWarpRowsBytes = 16 * 128;            // a warp's 16 rows of a box
-  constexpr int kSlotsInStage = static_cast<int>(Cfg::kStageBytes) / kBoxBytes;
-  constexpr int kSlots = Cfg::kConsumerWarpgroups * kBlocks;
-  static_assert(Cfg::kBlockM == 128 && Cfg::kConsumerWarpgroups == 2, "two warpgroups of 64 output rows");
-  static_assert(offsetof(typename GemmSharedStorage<Cfg>::Stage, b) == Cfg::kABytes,
-                "a stage's A and B boxes are one run of bytes");
-  static_assert((kSlots - kSlotsInStage) * kBoxBytes <= sizeof(GemmSharedStorage<Cfg>::staging),
-                "the boxes past the stage fit in the staging area");
-  static_assert(kBoxBytes % 1024 == 0 && Cfg::kStageBytes % 1024 == 0,
-                "each box starts on a 1 KB boundary, where the 128-byte swizzle pattern starts");
-  auto box_at = [&](int block) -> uint8_t* {
-    const int slot = consumer * kBlocks + block;
-    return slot < kSlotsInStage ? smem.stages[held.stage].a + slot * kBoxBytes
-                                : &smem.staging[0][0] + (slot - kSlotsInStage) * kBoxBytes;
-  };
-  named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
-  const bool rows_in = tile.m0 + consumer * 64 < m;  // uniform over the warpgroup
-  const int warp = static_cast<int>(threadIdx.x / 32) % 4;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  if (rows_in) {
-    // stmatrix: this lane gives row st_row of chunk 2 * pair + st_chunk of the warp's 16 rows.
-    const int st_row = ((lane >> 3) & 1) * 8 + (lane & 7);
-    const int st_chunk = lane >> 4;
-#pragma unroll
-    for (int block = 0; block < kBlocks; ++block) {
-      const uint32_t rows = shared_address(box_at(block)) + warp * kWarpRowsBytes;
-#pragma unroll
-      for (int pair = 0; pair < 4; ++pair) {
-        const int j = block * 8 + 2 * pair;  // the 8-column chunk of the fragment
-        const int chunk = 2 * pair + st_chunk;
-        stmatrix_x4(rows + st_row * 128 + ((chunk ^ (st_row & 7)) * 16), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                    pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                    pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
-      }
-    }
-    fence_proxy_async_shared();  // the generic writes above, before the bulk stores read them
-  }
-  // Every warp's rows of the boxes, before one thread stores them. (A CTA-wide
-  // barrier rather than one per warpgroup: the warpgroups get here together,
-  // and the kernels' barrier ids stay where they are.)
-  named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
-  if (rows_in && warp == 0 && lane == 0) {
-    const int row = tile.group * m + tile.m0 + consumer * 64;
-#pragma unroll
-    for (int block = 0; block < kBlocks; ++block) {
-      if (tile.n0 + block * 64 < n) tma_store_2d(out_map, box_at(block), tile.n0 + block * 64, row);
-    }
-    bulk_commit();
-  }
+  store_tile_boxes_async<Cfg>(acc, smem, consumer, out_map, tile.n0, tile.group * m + tile.m0 + consumer * 64, n,
+                              tile.m0 + consumer * 64 < m, held, barrier_id);
 }
 
 }  // namespace mok::device

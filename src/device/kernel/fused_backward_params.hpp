@@ -1,8 +1,8 @@
 // The fused backward kernel's parameters: what every rank exposes to every
 // other in a backward pass (docs/backward-design.md). The GEMM roles read
 // the fields every pass's views share under the forward's names (counters,
-// maps, the schedule, tokens, combine = the home rows of the routed kind that
-// goes home); the rest are the backward's own. Plain data, host and device.
+// maps, the schedule, tokens); the rest are the backward's own. Plain data,
+// host and device.
 #pragma once
 
 #include <cuda.h>
@@ -22,9 +22,16 @@ namespace mok::device {
 // The backward's TMA tensor maps: one per operand of each task kind
 // (protocol::map_index; a tensor read K-major by one kind and MN-major by
 // another needs two maps), then the bf16 weight gradients' outputs
-// (protocol::weight_grad_output_map).
+// and the dx rows (protocol::output_map).
 template <class Pass>
 inline constexpr int kBackwardMaps = protocol::num_backward_maps<Pass>();
+
+// Where dx_j of one (token, slot) lies: the owner rank's dx rows, at its
+// schedule row (written by the owner's dispatch into the home's dx_row_of).
+struct DxRowOf {
+  int32_t owner;
+  int32_t row;
+};
 
 // Pass: protocol::BackwardPass (save mode) or BackwardRecomputePass.
 template <class Pass>
@@ -36,7 +43,6 @@ struct BackwardRankViewOf {
   int32_t* expert_offset;   // [El + 1] padded offsets; the last, the schedule's padded rows
   RowSource* rows;          // [row capacity] home (rank, token, slot) of each schedule row
   int32_t tokens;           // T
-  uint16_t* combine;        // bf16 [T * k, H]: dx_j per (token, slot), written by the expert owners
 
   // The caller's inputs.
   const uint16_t* x;              // bf16 [T, H]
@@ -61,6 +67,8 @@ struct BackwardRankViewOf {
   uint16_t* d13_rows;      // bf16 [row capacity, 2I]: [da | db] (g epilogue)
   uint16_t* hw_rows;       // bf16 [row capacity, I]: w h (g epilogue)
   float* dw_parts;         // [T * k, parts]: <g, h> per (token, slot) and n-tile, written by the owners
+  uint16_t* dx_rows;       // bf16 [buffer rows, H]: dx_j of each schedule row (dx tasks, TMA boxes)
+  DxRowOf* dx_row_of;      // [T * k]: where each (token, slot)'s dx_j lies, written by the owners' dispatch
   uint16_t* shared_d13;    // bf16 [T rounded up to tile_m, 2S]
   uint16_t* shared_h;      // bf16 [T rounded up to tile_m, S]: h of the shared expert (its dW2's operand)
   uint16_t* shared_dx;     // bf16 [T, H]

@@ -3,7 +3,8 @@
 //   dx[t] = bf16( 0 + dx_shared[t] + dx_0[t] + ... + dx_{k-1}[t] )   fp32, slots in order
 //   dweights[t][j] = part_0 + part_1 + ...                          the n-tile parts, in n-tile order
 // The same arithmetic as the staged backward's row_combine and row-parts
-// kernels, so the two give the same bits. It first waits for the rank's
+// kernels, so the two give the same bits. dx_j of slot j lies in its owner's
+// dx rows, at the schedule row the owner's dispatch wrote into dx_row_of. It first waits for the rank's
 // shared expert and for every owner's dx tasks (polling the owners' own
 // counters; the owner's schedule length is in its pass state). Every warp
 // of the rank that runs it returns once no token is left.
@@ -64,7 +65,22 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, bool tracer) {
     if (lane == 0) t = static_cast<int>(atomicAdd(v.combine_next, 1u));
     t = __shfl_sync(0xffffffffu, t, 0);
     if (t >= v.tokens) break;
-    const uint16_t* slots = v.combine + static_cast<int64_t>(t) * k * H;
+    // Slot j's dx_j: the owner's dx row that its dispatch named (lane j
+    // reads where; every lane gets each slot's row from it).
+    const uint16_t* slot_rows[kMaxTopK];
+    {
+      DxRowOf at{0, 0};
+      if (lane < k) {
+        const int2 raw = __ldcg(reinterpret_cast<const int2*>(v.dx_row_of + static_cast<int64_t>(t) * k + lane));
+        at = DxRowOf{raw.x, raw.y};
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxTopK; ++j) {
+        const int owner = __shfl_sync(0xffffffffu, at.owner, j);
+        const int row = __shfl_sync(0xffffffffu, at.row, j);
+        slot_rows[j] = j < k ? ctx.params.ranks[owner].dx_rows + static_cast<int64_t>(row) * H : nullptr;
+      }
+    }
     for (int64_t c = lane * 8; c < H; c += 32 * 8) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (has_shared) add_bf16x8(acc, __ldcg(reinterpret_cast<const uint4*>(v.shared_dx + t * H + c)));
@@ -72,7 +88,7 @@ __device__ __forceinline__ bool backward_combine(Ctx& ctx, bool tracer) {
       uint4 raw[kMaxTopK];
 #pragma unroll
       for (int j = 0; j < kMaxTopK; ++j) {
-        if (j < k) raw[j] = __ldcg(reinterpret_cast<const uint4*>(slots + j * H + c));
+        if (j < k) raw[j] = __ldcg(reinterpret_cast<const uint4*>(slot_rows[j] + c));
       }
 #pragma unroll
       for (int j = 0; j < kMaxTopK; ++j) {

@@ -6,7 +6,8 @@
 // forward (dispatch_role.cuh, whose copy loop this reuses). Nothing waits for
 // a slot: the buffers never wrap. Padding rows are not copied: no task mixes
 // rows, and a weight-gradient tile clears the rows past its expert's real
-// rows in shared memory before it reads them.
+// rows in shared memory before it reads them. It also tells each row's home
+// rank where the row's dx_j will be (dx_row_of), which its combine reads.
 #pragma once
 
 #include <cstdint>
@@ -51,11 +52,16 @@ __device__ __forceinline__ bool backward_dispatch(Ctx& ctx, DispatchShared& smem
           [&](const RowSource& src) { return ctx.params.ranks[src.rank].x + static_cast<int64_t>(src.token) * H; },
           [&](int32_t i) { return v.x_rows + (row0 + i) * H; });
     }
-    // The routing weight of each real row (the g epilogue's row scale).
+    // The routing weight of each real row (the g epilogue's row scale), and
+    // where its dx_j will lie, for the home rank's combine (ordered before
+    // the combine's reads by rows_filled -> d13_ready -> dx_done).
     for (int32_t i = warp * 32 + lane; i < g.tile_m; i += kCopyWarps * 32) {
       const RowSource src = smem.tile_sources[i];
       if (!is_padding(src)) {
-        v.w_rows[row0 + i] = __ldcg(&ctx.params.ranks[src.rank].weights[static_cast<int64_t>(src.token) * top_k + src.slot]);
+        const int64_t home_slot = static_cast<int64_t>(src.token) * top_k + src.slot;
+        const auto& home = ctx.params.ranks[src.rank];
+        v.w_rows[row0 + i] = __ldcg(&home.weights[home_slot]);
+        home.dx_row_of[home_slot] = DxRowOf{ctx.rank, static_cast<int32_t>(row0 + i)};
       }
     }
     named_barrier_sync(kBarrierDispatch, kCopyWarps * 32);

@@ -82,7 +82,8 @@ __device__ __forceinline__ void store_swiglu_backward_output(const Ctx& ctx,
 // ring's rows, all of them; or its own tokens, those that exist), or rows of
 // home ranks that the row resolver looked up during the mainloop.
 // A bf16 weight-gradient tile whose K loop kept its last stage (`held`) is
-// stored from there by TMA (store_weight_grad_tile_async).
+// stored from there by TMA (store_weight_grad_tile_async), and so is a dx_j
+// tile (store_tile_boxes_async), whose K loop always keeps it.
 template <class Spec, class Ctx>
 __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShared& smem,
                                                   const float (&acc)[KindConfig<Spec>::kAccRegs], int consumer,
@@ -134,7 +135,7 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
     const int64_t first = static_cast<int64_t>(task.expert) * m * n_cols;
     const WeightGradTile tile = weight_grad_tile_of<Spec>(task, ctx.shape());
     if (held.stage >= 0) {
-      const CUtensorMap* out_map = v.maps + protocol::weight_grad_output_map<typename Ctx::Pass>(Spec::value.out);
+      const CUtensorMap* out_map = v.maps + protocol::output_map<typename Ctx::Pass>(Spec::value.out);
       store_weight_grad_tile_async<Cfg>(acc, storage, consumer, tile, out_map, m, n_cols, held,
                                         kBarrierFusedWeightGradClear);
     } else if (ctx.params.weight_grad_bf16 != 0) {  // an empty expert's zeros
@@ -143,6 +144,14 @@ __device__ __forceinline__ void store_task_output(const Ctx& ctx, FusedGemmShare
       store_weight_grad_tile<Cfg>(acc, storage, consumer, tile, static_cast<float*>(base) + first, m, n_cols,
                                   ctx.params.accumulate != 0);
     }
+  } else if constexpr (Spec::value.out == protocol::Tensor::kDxRows) {
+    // dx_j by schedule row (the backward's buffers never wrap): each
+    // warpgroup its 64 rows, those past the tile's real rows included (the
+    // expert's padding rows: no one reads them); an idle warpgroup stores
+    // nothing but meets the barriers.
+    const CUtensorMap* out_map = v.maps + protocol::output_map<typename Ctx::Pass>(Spec::value.out);
+    store_tile_boxes_async<Cfg>(acc, storage, consumer, out_map, col0, row0 + consumer * 64, n_cols,
+                                consumer * 64 < task.real_rows, held, kBarrierFusedWeightGradClear);
   } else if constexpr (Spec::value.out == protocol::Tensor::kHomeCombine) {
     uint16_t* const* destinations = smem.row_destination[task_slot];
     store_tile_rows<Cfg>(acc, storage, consumer, col0, n_cols, [&](int i) -> uint16_t* { return destinations[i]; });
@@ -221,15 +230,18 @@ template <class Ctx>
 __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, int consumer) {
   using Pass = typename Ctx::Pass;
   using MainCfg = PassGemmCfg<Pass>;  // the one mainloop shape of the pass's GEMM kinds
-  const int lane = threadIdx.x % 32;
   const protocol::PassShape shape = ctx.shape();
   auto& storage = reinterpret_cast<GemmSharedStorage<MainCfg>&>(smem.storage);
   StageRing<MainCfg::kStages> ring{storage.full, storage.empty};
   SlotCursor<kTaskSlots> tasks;
   float acc[MainCfg::kAccRegs];
-  // The stage a bf16 weight-gradient tile's TMA store still reads (the next
-  // weight-gradient tile's K loop hands it back; weight_grad_tile.cuh).
+  // The stage a box-stored tile's TMA store still reads (the next
+  // weight-gradient tile's K loop hands it back, or the next task of another
+  // kind before its K loop; tile_store_async.cuh).
   HeldStage held;
+  // The previous task signals late (protocol::signals_late): its stores must
+  // be complete before this task's hand-off.
+  bool late_stores = false;
   // Every barrier wait of the consumers ends a stall this way, never by a
   // trap.
   const ConsumerFaultOnStall on_stall(ctx.params.timeout_ns);
@@ -237,9 +249,13 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
   for (;;) {
     const auto [task, task_slot, task_phase] = take_task(smem, tasks, on_stall);
     if (task.kind == protocol::kNoTask) {
-      // The last weight-gradient tile's writes complete before the consumers
-      // leave the GEMM work (and the CTA, its shared memory).
-      if (held.stage >= 0 && lane == 0) bulk_wait_all();
+      // The last box-stored tile's writes complete before the consumers leave
+      // the GEMM work (and the CTA, its shared memory), and before the
+      // signaler publishes a late-signalled task (its stores are complete).
+      if ((held.stage >= 0 || late_stores) && issues_box_stores()) {
+        bulk_wait_all();
+        fence_proxy_async_global();
+      }
       release_held_stage(ring, held);
       end_task_list(smem, task_slot);
       return;
@@ -251,7 +267,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
     // What the kind says of its mainloop: K only (every kind runs the one
     // mainloop shape, gemm_role.cuh), and whether TMA reads its output later.
     int32_t k = 0, n_cols = 0;
-    bool output_read_by_tma = false, per_expert = false, b_mn = false;
+    bool output_read_by_tma = false, per_expert = false, b_mn = false, late = false;
     protocol::visit_kind<Pass>(task.kind, [&](auto K) {
       constexpr protocol::TaskKindSpec spec = Pass::kKinds[protocol::index_of<decltype(K)>];
       k = protocol::dim_of(shape, spec.k);
@@ -259,6 +275,7 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
       output_read_by_tma = protocol::read_by_tma<Pass>(spec.out) || protocol::read_by_tma<Pass>(spec.also_out);
       per_expert = protocol::reduces_rows(spec.rows);
       b_mn = spec.tile.b_major == OperandMajor::kMN;
+      late = protocol::signals_late(spec.out);
     });
     // A warpgroup whose 64 rows are all padding (an expert's last tile, half
     // full or less) computes and stores nothing; the other one runs alone.
@@ -278,35 +295,54 @@ __device__ __forceinline__ void gemm_consumer(Ctx& ctx, FusedGemmShared& smem, i
         });
       }
     }
-    if (!per_expert && held.stage >= 0) {
-      // Another kind after a weight-gradient tile (no table orders one so
-      // today): the stage goes back first, and no warp's epilogue reuses the
-      // staging area before every warp's store has read it.
-      release_held_stage(ring, held);
-      named_barrier_sync(kBarrierFusedWeightGradClear, 128 * MainCfg::kConsumerWarpgroups);
-    }
+    // Another kind after a box-stored tile (a dx_j tile, or a weight-gradient
+    // tile): its held stage goes back once this K loop has issued its second
+    // k-block, as mma_weight_grad_tile does (the store has had a k-block's
+    // time to read it, and the producer has a k-block's time to refill it),
+    // or at the end of a shorter loop. Then no warp's epilogue reuses the
+    // staging area before every warp's store has read it (a barrier below).
+    HeldStage earlier = per_expert ? HeldStage{} : held;
+    if (!per_expert) held.stage = -1;
+    const bool hands_back = earlier.stage >= 0;
+    const auto hand_back_after = [&](int kb) {
+      if (kb == 1) release_held_stage(ring, earlier);
+    };
+    // A late-signalled tile (dx_j) keeps its last stage for its TMA store.
     if (per_expert) {
     } else if (idle) {
-      skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall);
+      held.stage = skip_tile<MainCfg>(ring, k / MainCfg::kBlockK, on_stall, late, hand_back_after);
     } else if constexpr (kinds_mix_b_major<Pass>()) {
       using MNCfg = MainloopCfg<Pass, OperandMajor::kMN>;
       using KCfg = MainloopCfg<Pass, OperandMajor::kK>;
       if (b_mn) {
-        mma_tile<MNCfg>(reinterpret_cast<GemmSharedStorage<MNCfg>&>(smem.storage), ring, consumer,
-                        k / MainCfg::kBlockK, acc, on_stall);
+        held.stage = mma_tile<MNCfg>(reinterpret_cast<GemmSharedStorage<MNCfg>&>(smem.storage), ring, consumer,
+                                     k / MainCfg::kBlockK, acc, on_stall, late, hand_back_after);
       } else {
-        mma_tile<KCfg>(reinterpret_cast<GemmSharedStorage<KCfg>&>(smem.storage), ring, consumer, k / MainCfg::kBlockK,
-                       acc, on_stall);
+        held.stage = mma_tile<KCfg>(reinterpret_cast<GemmSharedStorage<KCfg>&>(smem.storage), ring, consumer,
+                                    k / MainCfg::kBlockK, acc, on_stall, late, hand_back_after);
       }
     } else {
-      mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall);
+      held.stage = mma_tile<MainCfg>(storage, ring, consumer, k / MainCfg::kBlockK, acc, on_stall, late,
+                                     hand_back_after);
+    }
+    if (hands_back) {
+      release_held_stage(ring, earlier);  // a loop of fewer than two k-blocks
+      named_barrier_sync(kBarrierFusedWeightGradClear, 128 * MainCfg::kConsumerWarpgroups);
     }
     if (tracer) smem.trace_mainloop_end = trace_now();
     // Every task, not only those going home: the resolver must be done with
     // this slot before the consumers give it back to the producer.
     mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
+    // The previous task's late stores are complete (they have had this
+    // task's K loop to drain) before this task is handed off: the signaler
+    // publishes that task with this one (gemm_signaler.cuh).
+    if (late_stores && issues_box_stores()) {
+      bulk_wait_all();
+      fence_proxy_async_global();
+    }
+    late_stores = late;
 
-    if (!idle) {
+    if (!idle || late) {
       protocol::visit_kind<Pass>(task.kind, [&](auto K) {
         store_task_output<protocol::KindSpec<Pass, protocol::index_of<decltype(K)>>>(ctx, smem, acc, consumer, task,
                                                                                       task_slot, n_cols, held);

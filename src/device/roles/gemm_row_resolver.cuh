@@ -26,16 +26,20 @@ __device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& sme
     mbarrier_wait_parity(&smem.task_full[slot], at.phase);
     const GemmTask task = smem.tasks[slot];
     if (task.kind == protocol::kNoTask) return;
-    // Home rows are [T * k, n] on the home rank, one per (token, slot).
-    const int64_t width = home_row_width<Pass>(task.kind, shape);
-    if (width > 0) {
-      const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
-      static_assert(home_rows_per_task<Pass>() <= FusedGemmCfg::kBlockM, "row_destination holds a tile's rows");
-      for (int i = lane; i < home_rows_per_task<Pass>(); i += 32) {
-        const RowSource src = load_row_source(&rows[i]);
-        smem.row_destination[slot][i] =
-            is_padding(src) ? nullptr
-                            : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * width;
+    // Home rows are [T * k, n] on the home rank, one per (token, slot). (A
+    // pass without such kinds, the backward, only arrives.)
+    if constexpr (home_rows_per_task<Pass>() > 0) {
+      const int64_t width = home_row_width<Pass>(task.kind, shape);
+      if (width > 0) {
+        const RowSource* rows = v.rows + static_cast<int64_t>(task.m_tile) * ctx.params.tile_m;
+        static_assert(home_rows_per_task<Pass>() <= FusedGemmCfg::kBlockM, "row_destination holds a tile's rows");
+        for (int i = lane; i < home_rows_per_task<Pass>(); i += 32) {
+          const RowSource src = load_row_source(&rows[i]);
+          smem.row_destination[slot][i] =
+              is_padding(src)
+                  ? nullptr
+                  : ctx.params.ranks[src.rank].combine + (static_cast<int64_t>(src.token) * top_k + src.slot) * width;
+        }
       }
     }
     __syncwarp();
