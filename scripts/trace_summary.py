@@ -5,7 +5,9 @@ those that copied rows) the mean time per CTA in each event kind; and per
 task kind the tasks, the mean mainloop time and its rate per SM, then the
 consumers' cycles per task: mainloop, epilogue, hand-off, and the gap from
 the previous task's hand-off to this task's mainloop on the same CTA (which
-holds the tracer's own event records).
+holds the tracer's own event records); then the pass's timeline: when each
+task kind's mainloops ran, how far apart the GEMM CTAs' last tasks end, and
+how long the combine runs past them.
 
   python3 scripts/trace_summary.py FILE.csv [--flop KIND=FLOP ...]
 
@@ -58,6 +60,38 @@ def main() -> None:
         rate = f", {float(flop[kind]) / mean_ns / 1e3:.2f} TFLOP/s per SM" if kind in flop else ""
         print(f"  task kind {kind}: {tasks[kind]} tasks, mainloop {mean_ns / 1e3:.2f} us each{rate}")
     consumer_cycles(rows)
+    timeline(rows, begin, roles)
+
+
+def timeline(rows, begin: int, roles) -> None:
+    """ms from the pass's first event: each task kind's first mainloop start and
+    last mainloop end, the spread of the GEMM CTAs' last mainloop ends, and
+    the combine's span on each role's CTAs (its tail: past the last mainloop)."""
+    ms = lambda ns: (ns - begin) / 1e6
+    spans = {}
+    last_task = collections.defaultdict(int)
+    combine = collections.defaultdict(lambda: [None, 0])
+    role_of = {cta: role for role, ctas in roles.items() for cta in ctas}
+    for r in rows:
+        b, e = int(r["begin_ns"]), int(r["end_ns"])
+        if r["kind"] == "mainloop":
+            first, last = spans.get(r["detail"], (b, e))
+            spans[r["detail"]] = (min(first, b), max(last, e))
+            last_task[int(r["cta"])] = max(last_task[int(r["cta"])], e)
+        elif r["kind"] == "combine":
+            span = combine[role_of.get(int(r["cta"]), "other")]
+            span[0] = b if span[0] is None else min(span[0], b)
+            span[1] = max(span[1], e)
+    if not spans:
+        return
+    print("  timeline (ms from the pass's first event): task kind, mainloops from .. to")
+    for kind, (first, last) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        print(f"    {kind:>3}: {ms(first):7.3f} .. {ms(last):7.3f}")
+    ends = sorted(last_task.values())
+    print(f"  GEMM CTAs' last mainloop ends: {ms(ends[0]):.3f} .. {ms(ends[-1]):.3f} (median {ms(ends[len(ends) // 2]):.3f})")
+    for role, (first, last) in sorted(combine.items()):
+        print(f"  combine on the {role} CTAs: {ms(first):.3f} .. {ms(last):.3f} "
+              f"({(last - ends[-1]) / 1e3:+.0f} us past the last mainloop)")
 
 
 def consumer_cycles(rows) -> None:
