@@ -202,9 +202,10 @@ __device__ __forceinline__ void end_task_list(FusedGemmShared& smem, int task_sl
 // (TMA) reads on other SMs where there are any, then arrives; the arrival
 // (release, CTA scope) and the signaler's wait (acquire) put these stores
 // before the signaler's release of the counters. Outputs read with plain
-// loads (home rows, shared_out) skip the (costly) proxy fence: it waits for
-// the warp's stores to complete. One barrier operation per warp (the
-// hand-off took ~5,000 cycles with three; docs/perf-notes.md v12, v13, v15).
+// loads (home rows, shared_out) skip the (costly) proxy fence, which by
+// elimination is what waits for the warp's stores (a plain arrival after
+// stores does not, docs/perf-notes.md v15). One barrier operation per warp
+// (the hand-off took ~5,000 cycles with three; v12, v13).
 template <class Ctx>
 __device__ __forceinline__ void hand_off_task(Ctx& ctx, FusedGemmShared& smem, const GemmTask& task, int task_slot,
                                               bool output_read_by_tma, bool tracer) {
