@@ -94,8 +94,9 @@ struct GroupedGemmArgs {
   // kE4M3, plain epilogue, n a multiple of 256: run the 2-CTA variant, whose
   // clusters share each A box by TMA multicast (the same bits; fewer L2
   // bytes). It launches whole clusters: max_ctas is rounded down to an even
-  // count, and 1 still launches one cluster of two. EXPERIMENTAL: written
-  // without a GPU and not yet validated on one, hence off by default.
+  // count, and 1 still launches one cluster of two. Off by default: GPU
+  // tested (the same bits), but measured at 0.57x the one-CTA tile's speed
+  // (docs/perf-notes.md, "Measuring: passes alone vs back to back").
   // Ignored where it does not apply.
   bool fp8_multicast = false;
   // kE4M3, plain epilogue: run the split-N tile instead of the default 128 x
@@ -104,8 +105,9 @@ struct GroupedGemmArgs {
   // same rows (docs/gemm.md; the tile the fused FP8 forward's down
   // projection is to use). Every element is the same wgmma sequence and
   // promotion as in the 128 x 128 tile: the same bits. n a multiple of 256;
-  // not with fp8_multicast; anything else throws mok::Error. EXPERIMENTAL:
-  // written without a GPU and not yet validated on one, hence off by default.
+  // not with fp8_multicast; anything else throws mok::Error. Off by default:
+  // GPU tested (the same bits), 5% slower than 128 x 128 on the DeepSeek-V3
+  // down shape (docs/perf-notes.md q3).
   bool fp8_split_n = false;
   // Row tiles per raster band inside a group (tile order only; results never
   // depend on it). 0 = $MOK_GEMM_BAND if set, else 8.
