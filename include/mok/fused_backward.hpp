@@ -1,8 +1,9 @@
 // The fused backward pass of one MoE layer, as one persistent kernel per pass
 // (docs/backward-design.md): pull dispatch of every schedule row's dout and x,
 // g = dout . W2 with the SwiGLU backward in its epilogue ([da | db], w h and
-// the router-weight gradient's per-n-tile parts), dx_j = [da | db] . W13 to
-// the home rank's row of (token, slot), the routed weight gradients dW13[e]
+// the router-weight gradient's per-n-tile parts), dx_j = [da | db] . W13 into
+// the owner's dx rows by schedule row (the home rank's combine finds each
+// (token, slot)'s row there through dx_row_of), the routed weight gradients dW13[e]
 // and dW2[e] (fp32, summed over each expert's rows in schedule order -- global
 // token order -- so the bits do not depend on the world size), the shared
 // expert's backward, and the combine on the home rank:

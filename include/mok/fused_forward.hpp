@@ -49,7 +49,7 @@ namespace mok {
   X(comm_ctas_per_rank)
 
 struct FusedForwardOptions {
-  int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128 (of 64 in an fp8 layer) (2048: 1.2-3.3%
+  int minibatch_rows = 2048;  // rows per ring slot; a multiple of 128, the GEMM tile's height (2048: 1.2-3.3%
                               // faster than 1024 on the DeepSeek-V3, GLM-4.5 and Qwen3 slices, docs/perf-notes.md f7)
   int ring_slots = 4;         // ring (macrobatch) = ring_slots * minibatch_rows rows per rank
   int lookahead = 2;          // gate/up minibatches taken ahead of a minibatch's down tasks
@@ -91,7 +91,7 @@ struct RankTensors {
   const void* w13_scales = nullptr;     // ue8m0 [E/R, 2I / 128, H / 128]
   const void* w2_scales = nullptr;      // ue8m0 [E/R, H / 128, I / 128]
   // Optional: where this pass keeps what a later pass of the same layer needs
-  // (today its schedule, which the backward will reuse): pass_state_bytes()
+  // (its schedule, which the backward reads: BackwardRankTensors::pass_state): pass_state_bytes()
   // bytes of this rank's GPU, 16-byte aligned, owned by the caller, who keeps
   // one per layer. Null: the world's own, which the next pass overwrites.
   void* pass_state = nullptr;

@@ -17,8 +17,8 @@
 // or past m_total. The device trusts: 0 <= group_offset[g] <= group_offset[g+1],
 // group_offset[g] + group_rows[g] <= group_offset[g + 1] <= m_total, rows >= 0.
 //
-// Supported sizes: k and n multiples of 64 (k >= 64, n >= 64), 1 <= G, m_total
-// and G * n * k below 2^31 elements per dimension product (see docs/gemm.md);
+// Supported sizes: k and n multiples of 64 (k >= 64, n >= 64), 1 <= G; k, n,
+// m_total and G * weight rows (n; 2n for SwiGLU) below 2^31 (see docs/gemm.md);
 // a, b, out 16-byte aligned; group arrays 4-byte aligned. Anything else throws
 // mok::Error before any launch.
 //
@@ -64,7 +64,8 @@ enum class GemmEpilogue : int { kPlain = 0, kSwiGLU = 1, kSwiGLUBackward = 2, kS
 // fp32 accumulator on the CUDA cores (gemm/fp8_mainloop.cuh).
 enum class GemmElement : int { kBF16 = 0, kE4M3 = 1 };
 // How b is stored: kNK = [G, n, k] (the nn.Linear layout); kKN = [G, k, n]
-// (plain epilogue only; what a data gradient reads: dx = dy . W).
+// (the plain and kSwiGLUBackward epilogues; what a data gradient reads:
+// dx = dy . W).
 enum class WeightLayout : int { kNK = 0, kKN = 1 };
 
 struct GroupedGemmArgs {
@@ -96,14 +97,14 @@ struct GroupedGemmArgs {
   // bytes). It launches whole clusters: max_ctas is rounded down to an even
   // count, and 1 still launches one cluster of two. Off by default: GPU
   // tested (the same bits), but measured at 0.57x the one-CTA tile's speed
-  // (docs/perf-notes.md, "Measuring: passes alone vs back to back").
+  // (docs/perf-notes.md q2).
   // Ignored where it does not apply.
   bool fp8_multicast = false;
   // kE4M3, plain epilogue: run the split-N tile instead of the default 128 x
   // 128: 64 rows x 256 weight rows a tile, its two consumer warpgroups
   // computing output columns [n0, n0 + 128) and [n0 + 128, n0 + 256) of the
-  // same rows (docs/gemm.md; the tile the fused FP8 forward's down
-  // projection is to use). Every element is the same wgmma sequence and
+  // same rows (docs/gemm.md; the tile the fused FP8 forward's first kernel
+  // used -- it now runs the wide 128 x 256 tiles). Every element is the same wgmma sequence and
   // promotion as in the 128 x 128 tile: the same bits. n a multiple of 256;
   // not with fp8_multicast; anything else throws mok::Error. Off by default:
   // GPU tested (the same bits), 5% slower than 128 x 128 on the DeepSeek-V3

@@ -1,4 +1,4 @@
-// Named layer shapes: the production models of docs/ANCHORS (section 4) and
+// Named layer shapes: per-GPU slices of released models' MoE layers and
 // small shapes for tests. A preset fixes the model; the world size and the
 // tokens per rank are chosen by whoever runs it.
 #pragma once

@@ -3,8 +3,8 @@
 // and 128 columns -- include/mok/fp8.hpp's rule, bit for bit: the host's
 // mok::fp8::quantize_rows gives the same bytes for the same (bf16) inputs.
 // It is the A operand the FP8 grouped GEMM reads (GemmElement::kE4M3), and
-// the quantization the fused FP8 forward will run on each rank's own tokens
-// before its peers pull them (docs/fp8-forward-design.md, section 2).
+// the same rule the fused FP8 forward's dispatch applies to the rows it
+// stages (docs/fp8-forward-design.md, section 2).
 // Host API only.
 //
 // cols a multiple of 128; x, values 16-byte aligned; rows * cols below 2^40.

@@ -21,8 +21,8 @@
 // group sits in a, on the other groups or on the grid size.
 //
 // Supported sizes: m and n multiples of 64 (>= 64), G >= 1, G * m * n below
-// 2^31 elements; pointers 16-byte aligned. Anything else throws mok::Error
-// before any launch.
+// 2^32 elements in fewer than 2^31 tiles; a, b and out 16-byte aligned, the
+// group arrays 4-byte. Anything else throws mok::Error before any launch.
 #pragma once
 
 #include <cstdint>

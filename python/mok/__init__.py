@@ -213,7 +213,7 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     raises on a stalled pass or a bad expert id (rank, token, slot named).
 
     token_capacity > 0: every rank's token count may be anything up to it
-    (a ValueError above it), and every call runs on the one workspace made
+    (a RuntimeError above it), and every call runs on the one workspace made
     for that many tokens per rank: counts that change from call to call
     (variable batch or sequence length) allocate nothing and never
     synchronise the host; the outputs are the bits of an exact-size call.

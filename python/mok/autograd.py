@@ -68,9 +68,9 @@ import torch
 from . import staged_backward
 
 BACKWARD_UNAVAILABLE = (
-    "mok: the fused backward is not implemented yet; {op} has no gradient. Call it on tensors that do not "
-    "require grad (detach them, or run it under torch.no_grad()), or use a torch implementation of the layer "
-    "for training until the fused backward lands.")
+    "mok: {op} has no backward of its own; {op} has no gradient. Call it on tensors that do not require grad "
+    "(detach them, or run it under torch.no_grad()), or train through mok.fused_forward, mok.nn.MoE or "
+    "mok.distributed.FusedMoEWorld, which have one.")
 
 FP8_BACKWARD_UNAVAILABLE = (
     "mok: {op} has no backward yet (the FP8 backward is not built; only the bf16 layer trains). Call it on "

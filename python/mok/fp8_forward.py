@@ -2,9 +2,9 @@
 FP8 grouped GEMMs joined by torch quantization, gathers and the combine. It
 is the FP8 recipe of issue 16 end to end -- activations quantized per 1 x 128
 block, weights per 128 x 128 block (mok.quantize_weights), fp32 promotion
-every 128 of K, the shared expert in BF16 -- so its accuracy can be measured
-before the fused FP8 pass exists; the fused pass will quantize inside the
-dispatch and the gate/up epilogue instead.
+every 128 of K, the shared expert in BF16 -- a staged reference of the
+recipe; the fused FP8 forward (mok.fused_forward_fp8) quantizes inside its
+dispatch and its gate/up epilogue instead.
 
     out = shared(x) + sum_j w_j y_j          fp32, slots in order, one bf16 rounding
     y   = grouped_mm_fp8(hq, W2)

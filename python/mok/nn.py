@@ -134,7 +134,8 @@ class MoE(torch.nn.Module):
     every rank sees the same counts in the same order). Every rank must call
     forward (and backward) the same number of times, in the same order
     relative to other collectives. The expert-parallel backward is the staged
-    one (mok/ep_backward.py, recompute mode); save_activations,
+    one (mok/ep_backward.py, recompute mode), or the fused backward kernel
+    with MOK_BACKWARD=fused set when the world is made; save_activations,
     fp32_main_grad and max_tokens are not available with it. close() releases the worlds
     (collective). Each rank's experts start from their own random draw (a
     generator seeded by torch.initial_seed() and the rank), not from the

@@ -1,6 +1,7 @@
 """The staged backward of the MoE layer: the fused forward's gradients as a
-chain of grouped kernels and deterministic torch ops (the fused backward,
-docs/backward-design.md, will be one persistent kernel doing the same math).
+chain of grouped kernels and deterministic torch ops (the fused backward
+kernel, mok::FusedBackward / torch.ops.mok.fused_backward, does the same math
+in one persistent kernel; MOK_BACKWARD=fused selects it).
 
 Recompute mode: the forward keeps its inputs only; the backward rebuilds the
 schedule and the gate/up pre-activations. For one layer over the whole world

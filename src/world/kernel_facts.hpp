@@ -12,8 +12,8 @@ namespace mok::world {
 struct KernelFacts {
   int tile_m = 0;                  // rows of one routed GEMM m-tile (the schedule pads experts to it)
   int token_tile_m = 0;            // rows of one token tile, the m-tile of the rank's own tokens (the shared
-                                   // expert's tiles; tile_m in bf16, 128 against 64 in FP8): their buffers
-                                   // are padded to it
+                                   // expert's tiles; tile_m in both kernels today, the pass table's
+                                   // token_tile_m where it sets one): their buffers are padded to it
   int schedule_warps_per_cta = 0;  // warps of a dispatch CTA that build the schedule
   int max_top_k = 0;               // the combine holds a token's top_k weights in registers
   int max_hidden = 0;              // widest x row a dispatch copy slot holds (bf16 elements)

@@ -419,9 +419,11 @@ TEST(PassProtocol, NoSharedExpertAndSkewedRouting) {
   run_and_expect_clean(config, mok::synthetic::RoutingMode::kSkewed, options, 5);
 }
 
-// The FP8 forward's table (pass_forward_fp8.hpp): the forward's dataflow
-// over two tile heights, the rank's own tokens in token tiles twice its
-// m-tile (128 rows against 64 in the kernel; 8 against 4 here). The shared
+// The FP8 forward's table (pass_forward_fp8.hpp) over two tile heights, the
+// rank's own tokens in token tiles twice its m-tile (8 rows against 4 here).
+// The kernel now runs one height (128 and 128); its first version ran 64-row
+// m-tiles under 128-row token tiles, and the model keeps that case checked.
+// The shared
 // expert's rows each task reads and every token the combine checks lie where
 // the token tiles the geometry counts put them.
 TEST(PassProtocol, TheFp8TableCompletesWithTokenTilesTwiceTheMTile) {
