@@ -14,7 +14,12 @@ measured in the same run (8192^3 matmul). Prints a table last.
 counts from 8 to 128, top-1 to top-8, widths that are not powers of two --
 768, 1408, 1536, 14336 --, shared experts wider than the routed ones),
 uniform routing, no sweeps: performance must hold on any shape, not the
-presets only. (None of them has a width that is a multiple of 64 and not of
+presets only.
+
+The DeepSeek-V3 slice's default configuration is measured twice: first (the
+table's first row) and again after the sweeps ("R=1 again"), each against
+its own native time, so that the table shows how far one configuration's
+ratio moves within a run (the rows' spread) next to what the sweeps change. (None of them has a width that is a multiple of 64 and not of
 128; the GPU tests cover those on small shapes.)
 
 usage: python3 bench/bench_fused_forward.py [--quick | --wild]
@@ -203,6 +208,7 @@ def main():
             sweeps += [(f"R=1 lookahead {la}", dict(lookahead=la)) for la in (1, 3)]
             sweeps += [(f"R=1 comm CTAs {c}", dict(comm_ctas_per_rank=c)) for c in (2, 4, 11)]
             sweeps += [(f"R=1 minibatch {mb}", dict(minibatch_rows=mb)) for mb in (1024, 4096)]
+            sweeps += [("R=1 again", {})]
             for cfg, kw in sweeps:
                 R = kw.pop("R", 1)
                 t_native, t = paired_ms(lambda: torch_native(*layer), fused(R, layer, **kw))
