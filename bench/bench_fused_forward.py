@@ -14,13 +14,13 @@ measured in the same run (8192^3 matmul). Prints a table last.
 counts from 8 to 128, top-1 to top-8, widths that are not powers of two --
 768, 1408, 1536, 14336 --, shared experts wider than the routed ones),
 uniform routing, no sweeps: performance must hold on any shape, not the
-presets only.
+presets only. (None of them has a width that is a multiple of 64 and not of
+128; the GPU tests cover those on small shapes.)
 
 The DeepSeek-V3 slice's default configuration is measured twice: first (the
 table's first row) and again after the sweeps ("R=1 again"), each against
 its own native time, so that the table shows how far one configuration's
-ratio moves within a run (the rows' spread) next to what the sweeps change. (None of them has a width that is a multiple of 64 and not of
-128; the GPU tests cover those on small shapes.)
+ratio moves within a run (the rows' spread) next to what the sweeps change.
 
 usage: python3 bench/bench_fused_forward.py [--quick | --wild]
 """
