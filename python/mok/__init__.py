@@ -273,6 +273,9 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
         return torch.ops.mok.fused_forward_train(*args, keep_preact=False, token_capacity=token_capacity)[0]
     if eager:
         return _eager_autograd.fused_forward(*args, token_capacity)
+    if not recorded:
+        with _eager_autograd.below_autograd():
+            return torch.ops.mok.fused_forward(*args, token_capacity=token_capacity)
     return torch.ops.mok.fused_forward(*args, token_capacity=token_capacity)
 
 

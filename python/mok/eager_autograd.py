@@ -24,6 +24,7 @@ the same; only the host's bookkeeping differs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -43,6 +44,18 @@ def enabled() -> bool:
     if torch.compiler.is_compiling():
         return False
     return os.environ.get("MOK_EAGER_AUTOGRAD", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def below_autograd():
+    """A context in which mok's ops dispatch below autograd: what their
+    registered autograd kernel does itself when it records nothing (grad mode
+    off, or no input requiring grad), without entering that kernel, which
+    torch.library implements in Python (a per-call cost before the launch).
+    For calls that autograd does not record: the plain op without grad, and
+    the op inside the Functions below (their forward runs with grad mode off).
+    Never under torch.compile, which must see the op as registered."""
+    guard = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+    return guard() if guard is not None and not torch.compiler.is_compiling() else contextlib.nullcontext()
 
 
 def applies(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *, recorded: bool | None = None) -> bool:
@@ -107,8 +120,9 @@ class FusedForward(torch.autograd.Function):
     def forward(ctx, spec, *flat):
         R, num_experts, tuning, check_errors, token_capacity = spec
         (x, ids, w, w13, w2), shared_w13, shared_w2 = _lists(flat, R)
-        out = torch.ops.mok.fused_forward(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning,
-                                          check_errors, token_capacity=token_capacity)
+        with below_autograd():
+            out = torch.ops.mok.fused_forward(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                                              check_errors, token_capacity=token_capacity)
         inputs = (x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors, token_capacity)
         autograd._setup_fused_forward(ctx, inputs, out)
         return tuple(out)
@@ -127,9 +141,10 @@ class FusedForwardTrain(torch.autograd.Function):
     def forward(ctx, spec, *flat):
         R, num_experts, tuning, check_errors, keep_preact, token_capacity = spec
         (x, ids, w, w13, w2), shared_w13, shared_w2 = _lists(flat, R)
-        result = torch.ops.mok.fused_forward_train(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning,
-                                                   check_errors, keep_preact=keep_preact,
-                                                   token_capacity=token_capacity)
+        with below_autograd():
+            result = torch.ops.mok.fused_forward_train(x, ids, w, w13, w2, shared_w13, shared_w2, num_experts,
+                                                       tuning, check_errors, keep_preact=keep_preact,
+                                                       token_capacity=token_capacity)
         inputs = (x, ids, w, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors, keep_preact,
                   token_capacity)
         autograd._setup_fused_forward_train(ctx, inputs, result)
@@ -157,4 +172,4 @@ def fused_forward_train_out(x, expert_ids, weights, w13, w2, shared_w13, shared_
     return list(flat[:len(x)])
 
 
-__all__ = ["FusedForward", "FusedForwardTrain", "applies", "enabled", "fused_forward", "fused_forward_train_out"]
+__all__ = ["FusedForward", "FusedForwardTrain", "applies", "below_autograd", "enabled", "fused_forward", "fused_forward_train_out"]
