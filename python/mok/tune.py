@@ -153,6 +153,8 @@ class TuningCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
+        from . import tuning_source
+        tuning_source.forget()  # this process's next lookup sees the new entry at once
 
 
 @dataclasses.dataclass

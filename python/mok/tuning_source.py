@@ -13,26 +13,68 @@ consulted when the caller gives no option at all, not while
 torch.compile traces (a trace must not read files; the compiled graph runs the
 library's defaults unless options are passed), and not when MOK_TUNING_CACHE
 is "0" or "off". A path in MOK_TUNING_CACHE selects another cache file. The
-file is re-read only when its modification time changes.
+file is re-read only when its modification time changes, and that time is
+looked at no more than once a second (at once after this process stores an
+entry): every forward call asks, and a file-system call on each would be
+host time before its kernel (docs/perf-notes.md v17). An entry another
+process stores is seen within a second.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from .options import TUNING_OPTIONS
 
 SOURCE_CALLER, SOURCE_CACHE, SOURCE_DEFAULT = "caller", "cache", "default"
 
-_memo: dict = {}  # (path, mtime_ns, key id) -> options
+# Memos, cleared together by forget(): the options per (path, mtime_ns, key
+# id); per path, when its modification time was last looked at and what it
+# was (None: no file); the cache path per environment.
+_memo: dict = {}
+_checked: dict = {}
+_paths: dict = {}
+RECHECK_SECONDS = 1.0
+_now = time.monotonic  # the clock of the re-check (a test sets another)
+
+
+def forget() -> None:
+    """Drops every memo: the next lookup reads the file system again
+    (TuningCache.store calls it, so this process sees its own entries at once)."""
+    _memo.clear()
+    _checked.clear()
+    _paths.clear()
 
 
 def _cache_path():
-    from .tune import default_cache_path
-    setting = os.environ.get("MOK_TUNING_CACHE", "")
-    if setting.lower() in ("0", "off", "false", "no"):
-        return None
-    return setting if setting and setting.lower() not in ("1", "on", "true", "yes") else default_cache_path()
+    """The cache file's path (a str), or None when disabled; memoised per
+    environment, since it is asked on every forward call."""
+    env = os.environ
+    setting = env.get("MOK_TUNING_CACHE", "")
+    where = (setting, env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    if where not in _paths:
+        from .tune import default_cache_path
+        if setting.lower() in ("0", "off", "false", "no"):
+            _paths[where] = None
+        else:
+            custom = setting and setting.lower() not in ("1", "on", "true", "yes")
+            _paths[where] = setting if custom else str(default_cache_path())
+    return _paths[where]
+
+
+def _modified(path: str):
+    """The file's modification time (None: no file), looked at no more than
+    once every RECHECK_SECONDS."""
+    now = _now()
+    last = _checked.get(path)
+    if last is None or now - last[0] >= RECHECK_SECONDS:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            mtime = None
+        last = _checked[path] = (now, mtime)
+    return last[1]
 
 
 def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device,
@@ -45,13 +87,12 @@ def cached_options(hidden, intermediate, experts, top_k, shared, tokens_per_rank
     path = _cache_path()
     if path is None:
         return {}
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError:
+    mtime = _modified(path)
+    if mtime is None:
         return {}
     from . import tune
     key = tune.current_key(hidden, intermediate, experts, top_k, shared, tokens_per_rank, world, device, precision)
-    memo_key = (str(path), mtime, key.id())
+    memo_key = (path, mtime, key.id())
     if memo_key not in _memo:
         entry = tune.TuningCache(path).lookup(key)
         options = dict(entry["options"]) if entry is not None else {}
@@ -106,4 +147,5 @@ def describe(sources: dict, options: dict) -> str:
     return ", ".join(f"{name}={options.get(name) or 'default'} ({sources[name]})" for name in TUNING_OPTIONS)
 
 
-__all__ = ["SOURCE_CACHE", "SOURCE_CALLER", "SOURCE_DEFAULT", "agree", "cached_options", "describe", "resolve"]
+__all__ = ["RECHECK_SECONDS", "SOURCE_CACHE", "SOURCE_CALLER", "SOURCE_DEFAULT", "agree", "cached_options", "describe",
+           "forget", "resolve"]

@@ -26,7 +26,7 @@ def cache(tmp_path, monkeypatch):
     path = tmp_path / "tuning.json"
     monkeypatch.setenv("MOK_TUNING_CACHE", str(path))
     monkeypatch.setattr(tune, "current_key", lambda *args, **kw: KEY)
-    source._memo.clear()
+    source.forget()
     return tune.TuningCache(path)
 
 
@@ -61,6 +61,30 @@ def test_a_new_entry_is_seen_without_a_restart(cache):
     cache.store(KEY, {"ring_slots": 2})
     os.utime(cache.path, ns=(1, 2_000_000_000_000_000_000))  # a different mtime even on a coarse clock
     assert source.resolve({}, device=CUDA, **LAYER)[0] == {"ring_slots": 2}
+
+
+def test_another_writer_is_seen_within_the_recheck_interval(cache, monkeypatch):
+    # Every forward call asks; the file's time is looked at once a second, so
+    # an entry written by another process (here: the file written directly,
+    # not through this process's TuningCache.store) shows up after that.
+    clock = [100.0]
+    monkeypatch.setattr(source, "_now", lambda: clock[0])
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {}  # no file yet
+    cache.path.write_text(json.dumps({"version": tune.CACHE_VERSION, "entries": {
+        KEY.id(): {"options": {"lookahead": 3}}}}))
+    clock[0] += source.RECHECK_SECONDS / 2
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {}  # not looked at again yet
+    clock[0] += source.RECHECK_SECONDS / 2
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {"lookahead": 3}
+
+
+def test_the_cache_path_follows_the_environment(cache, monkeypatch, tmp_path):
+    cache.store(KEY, {"ring_slots": 6})
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {"ring_slots": 6}
+    monkeypatch.setenv("MOK_TUNING_CACHE", str(tmp_path / "other.json"))  # memoised per environment
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {}
+    monkeypatch.setenv("MOK_TUNING_CACHE", str(cache.path))
+    assert source.resolve({}, device=CUDA, **LAYER)[0] == {"ring_slots": 6}
 
 
 def test_disabled_by_the_environment(cache, monkeypatch):
