@@ -139,32 +139,31 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
     if (kb == 1) release_held_stage(ring, held);
   };
   constexpr int kStepsPerBlock = Cfg::kBlockK / 16;
-  const int full_blocks = tile.rows / Cfg::kBlockK;
-  for (int kb = 0; kb < full_blocks; ++kb) {
+  static_assert(kStepsPerBlock == 4, "the tail's cases below are written for kBlockK 64");
+  for (int kb = 0; kb < k_blocks; ++kb) {
     ring.consumer_wait(on_stall);
-    block(std::integral_constant<int, kStepsPerBlock>{}, kb);
-  }
-  if (full_blocks < k_blocks) {
+    const int valid = tile.rows - kb * Cfg::kBlockK;
+    if (valid >= Cfg::kBlockK) {
+      block(std::integral_constant<int, kStepsPerBlock>{}, kb);
+      continue;
+    }
     // The group's last block, `valid` < kBlockK rows: only the k16 steps
     // that hold real rows are issued (the others would only add zeros), and
     // the rows past `valid` in the last of them are zeroed first. The step
     // count is made warp-uniform (a shuffle from lane 0) so that ptxas sees
     // the branches below as uniform and keeps the wgmma pipelined.
-    ring.consumer_wait(on_stall);
-    const int valid = tile.rows - full_blocks * Cfg::kBlockK;
-    static_assert(kStepsPerBlock == 4, "the tail's cases below are written for kBlockK 64");
     const int steps = __shfl_sync(0xffffffffu, (valid + 15) / 16, 0);
     clear_rows_past_group<Cfg>(smem.stages[ring.stage], consumer, valid, steps * 16);
     fence_proxy_async_shared();
     named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
     if (steps == 1) {
-      block(std::integral_constant<int, 1>{}, full_blocks);
+      block(std::integral_constant<int, 1>{}, kb);
     } else if (steps == 2) {
-      block(std::integral_constant<int, 2>{}, full_blocks);
+      block(std::integral_constant<int, 2>{}, kb);
     } else if (steps == 3) {
-      block(std::integral_constant<int, 3>{}, full_blocks);
+      block(std::integral_constant<int, 3>{}, kb);
     } else {
-      block(std::integral_constant<int, 4>{}, full_blocks);
+      block(std::integral_constant<int, 4>{}, kb);
     }
   }
   if (held.stage >= 0) {  // a tile of fewer than two k-blocks
