@@ -147,8 +147,12 @@ void expect_weight_grad_matches(const WeightGradProblem& p, const std::vector<fl
 }
 
 // Uneven groups, one empty, unaligned starts, padding (with Inf / NaN) between
-// them, a group shorter than one 64-row block and one spanning many.
-Layout awkward_groups() { return Layout::make({130, 0, 7, 64, 300, 1}, {3, 5, 0, 61, 2, 0}, 9, 4); }
+// them, a group shorter than one 64-row block and one spanning many; their
+// last blocks hold 2, 7, 44, 1 and 26 rows (1, 1, 3, 1 and 2 of the four k16
+// steps issued) or a whole block (64).
+Layout awkward_groups() {
+  return Layout::make({130, 0, 7, 64, 300, 1, 90}, {3, 5, 0, 61, 2, 0, 17}, 9, 4);
+}
 
 TEST(WeightGrad, MatchesTheReferenceOnUnevenGroups) {
   MOK_REQUIRE_HOPPER();

@@ -11,16 +11,18 @@
 // and wgmma reads them with imm-trans-a and imm-trans-b.
 //
 // K blocks start at the group's first row and step by 64 rows. The last block
-// usually runs past the group's end into the next group's rows; the consumers
-// zero those rows in shared memory before the block's wgmma, so the sum is
-// exactly the group's rows (a zero times a next-group Inf would be a NaN: both
-// operands are cleared, not one).
+// usually runs past the group's end into the next group's rows; its k16 steps
+// past the group are not issued, and the consumers zero the rows past the
+// group in its last issued step in shared memory before the block's wgmma, so
+// the sum is exactly the group's rows (a zero times a next-group Inf would be
+// a NaN: both operands are cleared, not one).
 //
 // Determinism: each output element is one fp32 chain of m64nBNk16 wgmma over
 // the group's rows in order, whatever the tile's position or the grid.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device/gemm/tile_config.cuh"
 #include "device/gemm/tile_epilogue.cuh"
@@ -72,17 +74,17 @@ __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps
   }
 }
 
-// Consumer warpgroup `consumer` clears rows [valid, kBlockK) of its share of
+// Consumer warpgroup `consumer` clears rows [valid, end) of its share of
 // the stage's boxes (box i goes to consumer i mod warpgroups; the A boxes
 // come first). Swizzling permutes 16-byte chunks inside a 128-byte row, so a
 // row is still 128 contiguous bytes.
 template <class Cfg>
 __device__ __forceinline__ void clear_rows_past_group(typename GemmSharedStorage<Cfg>::Stage& stage, int consumer,
-                                                      int valid) {
+                                                      int valid, int end) {
   constexpr int kABoxes = Cfg::kBlockM / Cfg::kMNBlock;
   constexpr int kBoxes = kABoxes + Cfg::kBlockN / Cfg::kMNBlock;
   constexpr int kChunksPerRow = Cfg::kRowBytes / 16;
-  const int chunks = (Cfg::kBlockK - valid) * kChunksPerRow;
+  const int chunks = (end - valid) * kChunksPerRow;
   const int thread = static_cast<int>(threadIdx.x % 128);
   for (int box = consumer; box < kBoxes; box += Cfg::kConsumerWarpgroups) {
     uint8_t* base = box < kABoxes ? stage.a + box * kMNBoxBytes<Cfg> : stage.b + (box - kABoxes) * kMNBoxBytes<Cfg>;
@@ -115,21 +117,16 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
   const int k_blocks = weight_grad_k_blocks<Cfg>(tile);  // 0: acc is not touched (the store writes zeros)
   const bool releaser = (threadIdx.x % 32) == 0;
   int prev_stage = -1;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    ring.consumer_wait(on_stall);
+  // One k-block of kSteps k16 wgmma (the stage's first kSteps * 16 rows).
+  const auto block = [&](auto steps, int kb) {
+    constexpr int kSteps = decltype(steps)::value;
     auto& stage = smem.stages[ring.stage];
-    const int valid = tile.rows - kb * Cfg::kBlockK;
-    if (valid < Cfg::kBlockK) {  // the group's last block: uniform over the CTA's consumers
-      clear_rows_past_group<Cfg>(stage, consumer, valid);
-      fence_proxy_async_shared();
-      named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
-    }
     const uint64_t desc_a = wgmma::smem_desc_mn_sw128(stage.a + consumer * kMNBoxBytes<Cfg>, kMNBoxBytes<Cfg>);
     const uint64_t desc_b = wgmma::smem_desc_mn_sw128(stage.b, kMNBoxBytes<Cfg>);
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
-    for (int k = 0; k < Cfg::kBlockK / 16; ++k) {
+    for (int k = 0; k < kSteps; ++k) {
       mma_bf16<Cfg::kBlockN, 1, 1>(acc, wgmma::advance_k_mn(desc_a, 16 * k), wgmma::advance_k_mn(desc_b, 16 * k),
                                    (kb > 0 || k > 0) ? 1u : 0u);
     }
@@ -140,6 +137,34 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
     prev_stage = ring.stage;
     ring.advance();
     if (kb == 1) release_held_stage(ring, held);
+  };
+  constexpr int kStepsPerBlock = Cfg::kBlockK / 16;
+  static_assert(kStepsPerBlock == 4, "the tail's cases below are written for kBlockK 64");
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ring.consumer_wait(on_stall);
+    const int valid = tile.rows - kb * Cfg::kBlockK;
+    if (valid >= Cfg::kBlockK) {
+      block(std::integral_constant<int, kStepsPerBlock>{}, kb);
+      continue;
+    }
+    // The group's last block, `valid` < kBlockK rows: only the k16 steps
+    // that hold real rows are issued (the others would only add zeros), and
+    // the rows past `valid` in the last of them are zeroed first. The step
+    // count is made warp-uniform (a shuffle from lane 0) so that ptxas sees
+    // the branches below as uniform and keeps the wgmma pipelined.
+    const int steps = __shfl_sync(0xffffffffu, (valid + 15) / 16, 0);
+    clear_rows_past_group<Cfg>(smem.stages[ring.stage], consumer, valid, steps * 16);
+    fence_proxy_async_shared();
+    named_barrier_sync(barrier_id, 128 * Cfg::kConsumerWarpgroups);
+    if (steps == 1) {
+      block(std::integral_constant<int, 1>{}, kb);
+    } else if (steps == 2) {
+      block(std::integral_constant<int, 2>{}, kb);
+    } else if (steps == 3) {
+      block(std::integral_constant<int, 3>{}, kb);
+    } else {
+      block(std::integral_constant<int, 4>{}, kb);
+    }
   }
   if (held.stage >= 0) {  // a tile of fewer than two k-blocks
     release_held_stage(ring, held);
