@@ -63,6 +63,21 @@ std::vector<uint16_t> scatter_on_cpu(const std::vector<uint16_t>& src, const Sch
   return out;
 }
 
+// The arguments of a scatter over schedule indices already on the device;
+// the caller adds its sources and outputs.
+mok::ScatterRowsArgs schedule_args(const DeviceBuffer<int64_t>& row_of_entry,
+                                   const DeviceBuffer<int64_t>& entry_of_row, int64_t tokens, int k,
+                                   int64_t num_rows, int64_t width) {
+  mok::ScatterRowsArgs args;
+  args.row_of_entry = row_of_entry.get();
+  args.entry_of_row = entry_of_row.get();
+  args.tokens = tokens;
+  args.k = k;
+  args.num_rows = num_rows;
+  args.width = width;
+  return args;
+}
+
 TEST(ScatterRows, EachClaimedRowIsItsTokensRowAndTheRestZero) {
   MOK_REQUIRE_HOPPER();
   const int64_t tokens = 301, width = 7168 / 4 + 64;  // not a multiple of the block's 128 chunks
@@ -82,18 +97,12 @@ TEST(ScatterRows, EachClaimedRowIsItsTokensRowAndTheRestZero) {
     for (int run = 0; run < 2; ++run) {
       MOK_CUDA_CHECK(cudaMemset(d_x_rows.get(), 0xFF, num_rows * width * 2));
       MOK_CUDA_CHECK(cudaMemset(d_dout_rows.get(), 0xFF, num_rows * width * 2));
-      mok::ScatterRowsArgs args;
+      mok::ScatterRowsArgs args = schedule_args(d_row_of_entry, d_entry_of_row, tokens, k, num_rows, width);
       args.sources[0] = d_dout.get();
       args.outs[0] = d_dout_rows.get();
       args.sources[1] = d_x.get();
       args.outs[1] = d_x_rows.get();
       args.num_sources = sources;
-      args.row_of_entry = d_row_of_entry.get();
-      args.entry_of_row = d_entry_of_row.get();
-      args.tokens = tokens;
-      args.k = k;
-      args.num_rows = num_rows;
-      args.width = width;
       mok::scatter_rows(args);
       MOK_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<uint16_t> got = d_dout_rows.download();
@@ -128,16 +137,10 @@ TEST(ScatterRows, LeavesUnclaimedRowsAloneWhenAskedTo) {
   DeviceBuffer<uint16_t> d_x(x), d_out(num_rows * width);
   DeviceBuffer<int64_t> d_row_of_entry(s.row_of_entry), d_entry_of_row(s.entry_of_row);
   MOK_CUDA_CHECK(cudaMemset(d_out.get(), 0xFF, num_rows * width * 2));
-  mok::ScatterRowsArgs args;
+  mok::ScatterRowsArgs args = schedule_args(d_row_of_entry, d_entry_of_row, tokens, k, num_rows, width);
   args.sources[0] = d_x.get();
   args.outs[0] = d_out.get();
   args.num_sources = 1;
-  args.row_of_entry = d_row_of_entry.get();
-  args.entry_of_row = d_entry_of_row.get();
-  args.tokens = tokens;
-  args.k = k;
-  args.num_rows = num_rows;
-  args.width = width;
   args.zero_unclaimed_rows = false;
   mok::scatter_rows(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
