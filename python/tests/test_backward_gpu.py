@@ -238,9 +238,11 @@ def test_zero_padding_false_writes_the_same_real_rows_and_leaves_the_padding():
 
 
 def _poison_free_memory():
-    """Fills the caching allocator's free memory with NaN: blocks of the small
-    pool (outputs under 1 MB) and one large block, allocated as 0xFF bytes and
-    freed, so that the tensors an op allocates uninitialised start as NaN."""
+    """Fills the caching allocator's free memory with NaN: 32 segments of the
+    small pool (where tensors up to 1 MB go) and one large block, allocated as
+    0xFF bytes and freed, so that the tensors an op then allocates
+    uninitialised mostly start as NaN (not all: an allocation may also land
+    in free space of a segment that was in use)."""
     held = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF) for _ in range(64)]
     held += [torch.empty(256 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)]
     torch.cuda.synchronize()
