@@ -17,6 +17,10 @@
 // is the same every run), and an index that is out of range or inconsistent
 // (a padding row, an entry a bad expert id kept out of the schedule) claims
 // nothing: its row is zeroed, never written twice or out of bounds.
+// With zero_unclaimed_rows false, unclaimed rows are left as they were (a
+// caller whose readers never read them -- the staged backward's grouped
+// kernels read a group's real rows only -- saves their writes: the groups'
+// padding and the unused tail of the saved schedule's capacity).
 // width a multiple of 8, pointers 16-byte aligned (indices 8-byte);
 // anything else throws mok::Error before the launch. Asynchronous on
 // `stream`, no host synchronisation.
@@ -40,6 +44,7 @@ struct ScatterRowsArgs {
   int k = 0;
   int64_t num_rows = 0;
   int64_t width = 0;
+  bool zero_unclaimed_rows = true;
 };
 
 void validate_scatter_rows(const ScatterRowsArgs& args);

@@ -10,9 +10,13 @@
 // Errors follow op_errors.hpp.
 //
 // Unlike grouped_mm's padding rows (left unwritten), every bf16/fp32 row
-// output here is allocated with zeros: the kernels write only the rows inside
-// a group, and a gradient must be defined everywhere (a padding row's
-// gradient is zero, and a stale NaN there would poison a later sum).
+// output here is zero on rows no group owns (the kernels write only the rows
+// inside a group; the rest is cleared after): a gradient must be defined
+// everywhere (a padding row's gradient is zero, and a stale NaN there would
+// poison a later sum). swiglu_backward_mm's zero_padding=False leaves its
+// bf16 outputs' padding rows uninitialised, for a caller that never reads
+// them (the staged backward: its grouped kernels read a group's real rows
+// only, and the weight gradient clears a group's last rows in shared memory).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -83,7 +87,7 @@ int64_t check_swiglu_backward(const at::Tensor& dout_rows, const at::Tensor& w2,
 
 SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2, const at::Tensor& preact,
                                const std::optional<at::Tensor>& row_scale, const at::Tensor& group_offset,
-                               const at::Tensor& group_rows) {
+                               const at::Tensor& group_rows, bool zero_padding) {
   const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
   const c10::cuda::CUDAGuard guard(dout_rows.device());
   const int64_t M = dout_rows.size(0);
@@ -114,14 +118,16 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   args.row_scale_grad = row_scale_grad.data_ptr<float>();
   args.scratch = scratch.data_ptr<float>();
   mok::torch_ops::raising_torch_errors([&] { mok::grouped_gemm(args, current_stream(dout_rows.device())); });
-  mok::torch_ops::zero_padding_rows(d13, group_offset, group_rows);
-  mok::torch_ops::zero_padding_rows(scaled_act, group_offset, group_rows);
+  if (zero_padding) {
+    mok::torch_ops::zero_padding_rows(d13, group_offset, group_rows);
+    mok::torch_ops::zero_padding_rows(scaled_act, group_offset, group_rows);
+  }
   return {d13, scaled_act, row_scale_grad};
 }
 
 SwigluGrads swiglu_backward_mm_meta(const at::Tensor& dout_rows, const at::Tensor& w2, const at::Tensor& preact,
                                     const std::optional<at::Tensor>& row_scale, const at::Tensor& group_offset,
-                                    const at::Tensor& group_rows) {
+                                    const at::Tensor& group_rows, bool /*zero_padding*/) {
   const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
   const int64_t M = dout_rows.size(0);
   return {at::empty({M, 2 * I}, dout_rows.options()), at::empty({M, I}, dout_rows.options()),
@@ -230,7 +236,7 @@ void weight_grad_mm_acc_meta(at::Tensor& out, const at::Tensor& a, const at::Ten
 TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "swiglu_backward_mm(Tensor dout_rows, Tensor w2, Tensor preact, Tensor? row_scale, Tensor group_offset, "
-      "Tensor group_rows) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
+      "Tensor group_rows, *, bool zero_padding=True) -> (Tensor d13, Tensor scaled_act, Tensor row_scale_grad)");
   m.def("weight_grad_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, int num_groups, "
         "ScalarType? out_dtype=None) -> Tensor");
   m.def(

@@ -75,10 +75,12 @@ void enqueue(const mok::GroupedGemmArgs& args, const at::Device& device) {
 }
 
 // kKN outputs are zeros on rows no group owns (they are data gradients,
-// whose padding rows a caller may sum); the forward's outputs leave them.
+// whose padding rows a caller may sum) unless the caller says it never reads
+// them (zero_padding false: the staged backward); the forward's outputs
+// leave them.
 at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
                const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
-               mok::WeightLayout layout = mok::WeightLayout::kNK) {
+               mok::WeightLayout layout = mok::WeightLayout::kNK, bool zero_padding = false) {
   const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), n}, a.options());
@@ -87,7 +89,7 @@ at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group
   args.epilogue = epilogue;
   args.b_layout = layout;
   enqueue(args, a.device());
-  if (layout == mok::WeightLayout::kKN) mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
+  if (zero_padding) mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
   return out;
 }
 
@@ -110,12 +112,12 @@ at::Tensor grouped_mm_swiglu(const at::Tensor& a, const at::Tensor& w13, const a
 
 // b [G, K, N]: a data gradient's weights as stored (dx = dy . W).
 at::Tensor grouped_mm_kn(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                         const at::Tensor& group_rows) {
-  return run(a, b, group_offset, group_rows, mok::GemmEpilogue::kPlain, mok::WeightLayout::kKN);
+                         const at::Tensor& group_rows, bool zero_padding) {
+  return run(a, b, group_offset, group_rows, mok::GemmEpilogue::kPlain, mok::WeightLayout::kKN, zero_padding);
 }
 
 at::Tensor grouped_mm_kn_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
-                              const at::Tensor& group_rows) {
+                              const at::Tensor& group_rows, bool /*zero_padding*/) {
   return meta(a, b, group_offset, group_rows, mok::GemmEpilogue::kPlain, mok::WeightLayout::kKN);
 }
 
@@ -206,7 +208,8 @@ at::Tensor grouped_mm_fp8_swiglu_meta(const at::Tensor& a, const at::Tensor& a_s
 TORCH_LIBRARY(mok, m) {
   m.def("grouped_mm(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
   m.def("grouped_mm_swiglu(Tensor a, Tensor w13, Tensor group_offset, Tensor group_rows) -> Tensor");
-  m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows) -> Tensor");
+  m.def("grouped_mm_kn(Tensor a, Tensor b, Tensor group_offset, Tensor group_rows, *, bool zero_padding=True) "
+        "-> Tensor");
   m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor group_offset, "
         "Tensor group_rows) -> Tensor");
   m.def("grouped_mm_fp8_swiglu(Tensor a, Tensor a_scales, Tensor w13, Tensor w13_scales, Tensor group_offset, "

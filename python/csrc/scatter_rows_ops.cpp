@@ -1,7 +1,8 @@
 // torch.ops.mok.scatter_rows: each token's row of every source copied to the
-// rows its k entries were scheduled to, rows no entry claims zeroed
-// (include/mok/scatter_rows.hpp) -- the staged backward's x and dout rows
-// in schedule order, both in one pass that reads each token's rows once.
+// rows its k entries were scheduled to, rows no entry claims zeroed (with
+// zero_padding=False left uninitialised; include/mok/scatter_rows.hpp) --
+// the staged backward's x and dout rows in schedule order, both in one pass
+// that reads each token's rows once.
 // Kernels: CUDA, Meta, CPU (refuses).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -56,7 +57,7 @@ std::vector<at::Tensor> empty_outputs(const std::vector<at::Tensor>& sources, co
 }
 
 std::vector<at::Tensor> scatter_rows(const std::vector<at::Tensor>& sources, const at::Tensor& row_of_entry,
-                                     const at::Tensor& entry_of_row) {
+                                     const at::Tensor& entry_of_row, bool zero_padding) {
   check_scatter_rows(sources, row_of_entry, entry_of_row);
   const c10::cuda::CUDAGuard guard(sources[0].device());
   std::vector<at::Tensor> outs = empty_outputs(sources, entry_of_row);
@@ -72,13 +73,14 @@ std::vector<at::Tensor> scatter_rows(const std::vector<at::Tensor>& sources, con
   args.k = mok::torch_ops::checked_int(row_of_entry.size(1), "k (row_of_entry.size(1))");
   args.num_rows = entry_of_row.size(0);
   args.width = sources[0].size(1);
+  args.zero_unclaimed_rows = zero_padding;
   mok::torch_ops::raising_torch_errors(
       [&] { mok::scatter_rows(args, c10::cuda::getCurrentCUDAStream(sources[0].device().index()).stream()); });
   return outs;
 }
 
 std::vector<at::Tensor> scatter_rows_meta(const std::vector<at::Tensor>& sources, const at::Tensor& row_of_entry,
-                                          const at::Tensor& entry_of_row) {
+                                          const at::Tensor& entry_of_row, bool /*zero_padding*/) {
   check_scatter_rows(sources, row_of_entry, entry_of_row);
   return empty_outputs(sources, entry_of_row);
 }
@@ -86,7 +88,8 @@ std::vector<at::Tensor> scatter_rows_meta(const std::vector<at::Tensor>& sources
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
-  m.def("scatter_rows(Tensor[] sources, Tensor row_of_entry, Tensor entry_of_row) -> Tensor[]");
+  m.def("scatter_rows(Tensor[] sources, Tensor row_of_entry, Tensor entry_of_row, *, bool zero_padding=True) "
+        "-> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("scatter_rows", &scatter_rows); }

@@ -59,12 +59,14 @@ is looked for), which registers:
       per layer shape, tuning and mode).
 
 The backward's building blocks (the staged backward, mok/staged_backward.py,
-chains them; rows outside every group come back as zeros):
+chains them; rows outside every group come back as zeros, or with
+zero_padding=False, where an op takes it, uninitialised: for a caller that
+never reads them, as the staged backward, which saves their writes):
 
-  torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows) -> out
+  torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows, *, zero_padding=True) -> out
       b [G, K, N] (the weights transposed): out[rows of g] = a[rows] @ b[g].
   torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale,
-                                   group_offset, group_rows)
+                                   group_offset, group_rows, *, zero_padding=True)
       -> (d13, scaled_act, row_scale_grad)
       The data gradient through the down projection and SwiGLU.
   torch.ops.mok.weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dtype=None) -> out
@@ -72,7 +74,7 @@ chains them; rows outside every group come back as zeros):
       out[g] (+)= sum over group g's rows of a[r]^T b[r], fp32 (or bf16).
   torch.ops.mok.row_combine(rows, row_index, base) -> out
       out[t] = base[t] + the token's slot rows, fp32 in slot order, one rounding.
-  torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row) -> outs
+  torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row, *, zero_padding=True) -> outs
       outs[s][r] = sources[s][e // k] for the entry e that claims row r, else 0.
   torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows) -> out
 
@@ -113,16 +115,18 @@ def grouped_mm_swiglu(a: torch.Tensor, w13: torch.Tensor, group_offset: torch.Te
 
 
 def grouped_mm_kn(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
-                  group_rows: torch.Tensor) -> torch.Tensor:
+                  group_rows: torch.Tensor, *, zero_padding: bool = True) -> torch.Tensor:
     """out[rows of group g] = a[rows] @ b[g] with b [G, K, N] (K-by-N weights,
     e.g. an nn.Linear weight [N_out, N_in] read as [K = N_out, N = N_in]: the
     data gradient dx = dy @ W). a [M, K] bf16; out [M, N] bf16, fp32
-    accumulation, one rounding; rows outside every group are zeros."""
-    return torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows)
+    accumulation, one rounding; rows outside every group are zeros
+    (zero_padding=False: uninitialised, and not written)."""
+    return torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows, zero_padding=zero_padding)
 
 
 def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.Tensor,
-                       row_scale: torch.Tensor | None, group_offset: torch.Tensor, group_rows: torch.Tensor):
+                       row_scale: torch.Tensor | None, group_offset: torch.Tensor, group_rows: torch.Tensor, *,
+                       zero_padding: bool = True):
     """The data gradient through an expert's down projection and SwiGLU, per row.
 
     dout_rows [M, H] bf16 (dL/dy of each row), w2 [G, H, I] bf16 (the down
@@ -133,8 +137,10 @@ def swiglu_backward_mm(dout_rows: torch.Tensor, w2: torch.Tensor, preact: torch.
       d13            [M, 2I] bf16  [dh * up * s * (1 + gate (1 - s)) | dh * gate * s]
       scaled_act     [M, I]  bf16  w * h  (what dW2 = dout^T (w h) needs)
       row_scale_grad [M]     fp32  <acc, h> = dL/dw of the row
-    Rows outside every group are zeros."""
-    return torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows)
+    Rows outside every group are zeros (zero_padding=False: d13's and
+    scaled_act's are uninitialised; row_scale_grad's stay zeros)."""
+    return torch.ops.mok.swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows,
+                                            zero_padding=zero_padding)
 
 
 def weight_grad_mm(a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor, group_rows: torch.Tensor,
@@ -177,16 +183,17 @@ def row_combine(rows: torch.Tensor, row_index: torch.Tensor, base: torch.Tensor 
 
 
 def scatter_rows(sources: list[torch.Tensor], row_of_entry: torch.Tensor,
-                 entry_of_row: torch.Tensor) -> list[torch.Tensor]:
+                 entry_of_row: torch.Tensor, *, zero_padding: bool = True) -> list[torch.Tensor]:
     """Each token's row of every source copied to the rows its entries were
     scheduled to: sources bf16 [T, width] (1 to 4, width % 8 == 0),
     row_of_entry int64 [T, k] (the row of entry t k + j), entry_of_row int64
     [M] (the entry each row holds) -> one bf16 [M, width] per source, row r =
     source[e // k] when both indices agree on r and e, zeros otherwise
-    (padding rows; inconsistent or out-of-range indices claim nothing). Reads
+    (padding rows; inconsistent or out-of-range indices claim nothing; with
+    zero_padding=False those rows are uninitialised, and not written). Reads
     each source row once (a row gather reads it k times); one writer per row,
     so the same bytes every run."""
-    return torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row)
+    return torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row, zero_padding=zero_padding)
 
 
 def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,

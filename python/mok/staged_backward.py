@@ -27,6 +27,16 @@ atomics, no index_add_/scatter_add_), and every
 sum has a fixed order, so the gradients are bitwise repeatable given
 deterministic kernels (mok's are).
 
+Padding: the rows of a group past its real rows (up to its 128-row tile) and
+the saved schedule's unused tail belong to no group. Every op here is told
+to leave them uninitialised (zero_padding=False: zeros there cost a launch
+per output and the padding's bytes), because nothing reads them: the
+grouped GEMMs compute a padding row only into an output row they do not
+store, the weight gradient clears a group's rows past its end in shared
+memory before its last k-block, and the combine and the routing weights'
+gradient gather real rows only. The CPU references fill those rows with NaN
+instead (mok.testing), so a test on the CPU shows any read of them.
+
 The kernels are injected (BackwardOps), so the same math runs on the CPU with
 mok.testing's fp32 torch references of the ops (reference_ops()): that is how
 the CPU tests check it against torch autograd.
@@ -43,12 +53,14 @@ class BackwardOps(NamedTuple):
     """The grouped kernels the staged backward calls, with torch.ops.mok's
     signatures (mok/__init__.py documents them)."""
     grouped_mm: Callable          # (a, b [G, N, K], group_offset, group_rows) -> bf16 [M, N]
-    grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows) -> bf16 [M, N]
-    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows) -> 3 tensors
+    grouped_mm_kn: Callable       # (a, b [G, K, N], group_offset, group_rows, *, zero_padding) -> bf16 [M, N]
+    swiglu_backward_mm: Callable  # (dout_rows, w2, preact, row_scale, group_offset, group_rows, *, zero_padding)
+    #                               -> 3 tensors
     weight_grad_mm: Callable      # (a, b, group_offset, group_rows, num_groups, out_dtype) -> [G, m, n]
     row_combine: Callable         # (rows, row_index int32 [T, k], base | None) -> bf16 [T, width]
     weight_grad_mm_acc_: Callable  # (out fp32 [G, m, n], a, b, group_offset, group_rows): out += the sums
-    scatter_rows: Callable        # ([sources [T, width]], row_of_entry [T, k], entry_of_row [M]) -> [[M, width]]
+    scatter_rows: Callable        # ([sources [T, width]], row_of_entry [T, k], entry_of_row [M], *, zero_padding)
+    #                               -> [[M, width]]
 
 
 _KERNEL_OP_NAMES = ("grouped_mm", "grouped_mm_kn", "swiglu_backward_mm", "weight_grad_mm", "row_combine",
@@ -223,8 +235,9 @@ def _routed_rows(dout_rows, x_rows, w_rows, w13, w2, group_offset, group_rows, n
     E = w13.shape[0]
     if preact is None:  # recompute mode
         preact = ops.grouped_mm(x_rows, w13, group_offset, group_rows)
-    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows)
-    dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
+    d13, hw, dscale = ops.swiglu_backward_mm(dout_rows, w2, preact, w_rows, group_offset, group_rows,
+                                             zero_padding=False)
+    dx_rows = ops.grouped_mm_kn(d13, w13, group_offset, group_rows, zero_padding=False) if needs.x else None
     dw13, dw2 = _weight_grads(ops, ((needs.w13, d13, x_rows, main.w13), (needs.w2, dout_rows, hw, main.w2)),
                               group_offset, group_rows, E, grad_dtype)
     return dx_rows, dscale, dw13, dw2
@@ -240,9 +253,11 @@ def _routed(dout, x, expert_ids, weights, w13, w2, needs: Needs, ops: BackwardOp
     # Each token's x and dout rows copied to its k rows in one pass (x's only
     # where a kernel reads them: dW13, or recompute mode's gate/up GEMM).
     if preact is None or needs.w13:
-        dout_rows, x_rows = ops.scatter_rows([dout, x], s.row_of_entry.view(T, k), s.entry_of_row)
+        dout_rows, x_rows = ops.scatter_rows([dout, x], s.row_of_entry.view(T, k), s.entry_of_row,
+                                             zero_padding=False)
     else:
-        (dout_rows,), x_rows = ops.scatter_rows([dout], s.row_of_entry.view(T, k), s.entry_of_row), None
+        (dout_rows,), x_rows = ops.scatter_rows([dout], s.row_of_entry.view(T, k), s.entry_of_row,
+                                                zero_padding=False), None
     # One more weight, for the saved schedule's dummy entry (padding rows).
     flat_weights = torch.cat([weights.reshape(-1).float(), weights.new_zeros(1, dtype=torch.float32)])
     w_rows = flat_weights.index_select(0, s.entry_of_row).contiguous()
@@ -263,8 +278,8 @@ def _shared(dout, x, shared_w13, shared_w2, needs: Needs, ops: BackwardOps, grad
     w13, w2 = shared_w13.unsqueeze(0), shared_w2.unsqueeze(0)  # one group: [1, 2S, H], [1, H, S]
     if preact is None:  # recompute mode
         preact = ops.grouped_mm(x, w13, group_offset, group_rows)
-    d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows)
-    dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows) if needs.x else None
+    d13, h, _ = ops.swiglu_backward_mm(dout, w2, preact, None, group_offset, group_rows, zero_padding=False)
+    dx = ops.grouped_mm_kn(d13, w13, group_offset, group_rows, zero_padding=False) if needs.x else None
     dw13, dw2 = _weight_grads(ops, ((needs.shared_w13, d13, x, main.shared_w13),
                                     (needs.shared_w2, dout, h, main.shared_w2)), group_offset, group_rows, 1, grad_dtype)
     return dx, None if dw13 is None else dw13[0], None if dw2 is None else dw2[0]

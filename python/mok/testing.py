@@ -107,23 +107,33 @@ def reference_grouped_mm(a, b, group_offset, group_rows):
     return out
 
 
-def reference_grouped_mm_kn(a, b, group_offset, group_rows):
+def _padding_fill(zero_padding: bool) -> float:
+    """What a reference op writes on rows no group owns: zeros, or, where the
+    kernel leaves them uninitialised (zero_padding=False), NaN -- so that a
+    caller that reads them after all (a padding row in a sum, a gather that
+    picks one) shows it in its result instead of passing on the zeros the
+    kernel never promised."""
+    return 0.0 if zero_padding else float("nan")
+
+
+def reference_grouped_mm_kn(a, b, group_offset, group_rows, *, zero_padding=True):
     """mok.grouped_mm_kn: out[rows of g] = a[rows] @ b[g], b [G, K, N]; bf16 [M, N]."""
-    out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.bfloat16, device=a.device)
+    out = torch.full((a.shape[0], b.shape[2]), _padding_fill(zero_padding), dtype=torch.bfloat16, device=a.device)
     for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
         out[first:end] = (a[first:end].float() @ b[g].float()).bfloat16()
     return out
 
 
 def reference_swiglu_backward_mm(dout_rows, w2, preact, row_scale, group_offset, group_rows, *,
-                                 swap_gate_up=False):
+                                 zero_padding=True, swap_gate_up=False):
     """mok.swiglu_backward_mm: (d13 [M, 2I] bf16, scaled_act [M, I] bf16,
     row_scale_grad [M] fp32) from acc = dout_rows @ w2[g] (w2 [G, H, I]) and the
     saved [gate | up] (include/mok/grouped_gemm.hpp, kSwiGLUBackward).
     swap_gate_up reads up as gate and gate as up: a mutant for tests."""
     M, I = dout_rows.shape[0], w2.shape[2]
-    d13 = torch.zeros(M, 2 * I, dtype=torch.bfloat16, device=dout_rows.device)
-    scaled_act = torch.zeros(M, I, dtype=torch.bfloat16, device=dout_rows.device)
+    fill = _padding_fill(zero_padding)
+    d13 = torch.full((M, 2 * I), fill, dtype=torch.bfloat16, device=dout_rows.device)
+    scaled_act = torch.full((M, I), fill, dtype=torch.bfloat16, device=dout_rows.device)
     row_scale_grad = torch.zeros(M, dtype=torch.float32, device=dout_rows.device)
     for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
         acc = dout_rows[first:end].float() @ w2[g].float()
@@ -168,10 +178,11 @@ def reference_row_combine(rows, row_index, base):
     return acc.to(rows.dtype)
 
 
-def reference_scatter_rows(sources, row_of_entry, entry_of_row):
+def reference_scatter_rows(sources, row_of_entry, entry_of_row, *, zero_padding=True):
     """mok.scatter_rows: for each source [T, width], out [M, width] with row r
     = source[e // k] where entry e (row_of_entry [T, k] flattened) and row r
-    name each other (row_of_entry[e] == r, entry_of_row[r] == e), else zeros."""
+    name each other (row_of_entry[e] == r, entry_of_row[r] == e), else zeros
+    (NaN with zero_padding=False: _padding_fill)."""
     k = row_of_entry.shape[1]
     M = entry_of_row.shape[0]
     rows = row_of_entry.reshape(-1).long()
@@ -180,7 +191,7 @@ def reference_scatter_rows(sources, row_of_entry, entry_of_row):
     rows, entries = rows[in_range], entries[in_range]
     agree = entry_of_row.long()[rows] == entries
     rows, entries = rows[agree], entries[agree]
-    out = [src.new_zeros(M, src.shape[1]) for src in sources]
+    out = [src.new_full((M, src.shape[1]), _padding_fill(zero_padding)) for src in sources]
     for o, src in zip(out, sources):
         o[rows] = src[entries // k]
     return out

@@ -124,9 +124,9 @@ def _counting(ops):
     calls = []
 
     def wrap(name, fn):
-        def call(*args):
+        def call(*args, **kwargs):
             calls.append(name)
-            return fn(*args)
+            return fn(*args, **kwargs)
         return call
     return BackwardOps(*(wrap(name, fn) for name, fn in zip(BackwardOps._fields, ops))), calls
 
@@ -154,6 +154,48 @@ def test_computes_only_what_is_needed(needs, expected_calls):
         assert (got is None) != need, name
         if need:
             assert _rel(got, want) < TOLERANCE, name
+
+
+def _padded(s, T, k, multiple, tail):
+    """Schedule s with each group's rows padded to `multiple` and `tail` unused
+    rows after the last group, as the forward's saved schedule lays them out:
+    padding rows hold the dummy entry T k and token 0."""
+    rows = s.group_rows.tolist()
+    offsets = [0]
+    for r in rows:
+        offsets.append(offsets[-1] + -(-r // multiple) * multiple)
+    M = offsets[-1] + tail
+    entry_of_row = torch.full((M,), T * k, dtype=torch.long)
+    for g, r in enumerate(rows):
+        first = int(s.group_offset[g])
+        entry_of_row[offsets[g]:offsets[g] + r] = s.entry_of_row[first:first + r]
+    real = entry_of_row < T * k
+    row_of_entry = torch.zeros(T * k, dtype=torch.long)
+    row_of_entry[entry_of_row[real]] = torch.arange(M)[real]
+    return s._replace(entry_of_row=entry_of_row, row_of_entry=row_of_entry,
+                      token_of_row=torch.where(real, torch.div(entry_of_row, k, rounding_mode="floor"), 0),
+                      group_offset=torch.tensor(offsets, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("case", ["shared", "empty experts"])
+def test_padding_rows_are_never_read(case):
+    # The staged backward leaves every padding row uninitialised
+    # (zero_padding=False); the reference ops fill them with NaN, so a read of
+    # one would reach a gradient. Padded, the gradients are those of the
+    # unpadded schedule.
+    shape = CASES[case]
+    layer = _layer(seed=4, **shape)
+    T, K = shape["T"], shape["K"]
+    dout = _dout(T, shape["H"], 4)
+    schedule = routed_schedule(layer[1], shape["E"])
+    padded = _padded(schedule, T, K, multiple=16, tail=5)
+    assert int(padded.group_offset[-1]) + 5 > T * K  # there is padding
+    want = layer_backward(dout, *layer, ops=reference_ops(), schedule=schedule)
+    got = layer_backward(dout, *layer, ops=reference_ops(), schedule=padded)
+    for name, a, b in zip(NAMES, want, got):
+        if a is not None:
+            assert torch.isfinite(b).all(), name
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6, msg=name)
 
 
 def test_the_reference_swiglu_backward_is_the_derivative_of_the_forward():

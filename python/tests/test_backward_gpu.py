@@ -181,6 +181,89 @@ def _fused_grads(layer, world, dout, save=False):
         None if t is None else t.grad for t in shared)
 
 
+def _poisoned_block(shape, dtype):
+    """A freed block of the caching allocator holding 0xFF bytes (NaN in bf16
+    and fp32), and its address: the next allocation of the same size on this
+    stream gets it back, so an op's output that comes back with 0xFF where it
+    was allocated uninitialised shows the op never wrote there."""
+    t = torch.empty(shape, dtype=dtype, device="cuda")
+    t.view(torch.uint8).fill_(0xFF)
+    address = t.data_ptr()
+    del t
+    return address
+
+
+def _untouched(t, rows):
+    return bool((t[rows].contiguous().view(torch.uint8) == 0xFF).all())
+
+
+def test_zero_padding_false_writes_the_same_real_rows_and_leaves_the_padding():
+    off, rows, inside = _layout()
+    M, K, N, H, I = inside.numel(), 192, 320, 320, 192
+    a = _rand(M, K, seed=31, inside=inside)
+    b = _rand(len(COUNTS), K, N, seed=32, scale=2 / K ** 0.5)
+    zeroed = mok.grouped_mm_kn(a, b, off, rows)
+    address = _poisoned_block((M, N), torch.bfloat16)
+    left = mok.grouped_mm_kn(a, b, off, rows, zero_padding=False)
+    assert left.data_ptr() == address  # the allocator gave the poisoned block back
+    assert _same_bits(left[inside], zeroed[inside]) and not zeroed[~inside].any()
+    assert _untouched(left, ~inside)
+
+    dout = _rand(M, H, seed=33, inside=inside)
+    w2 = _rand(len(COUNTS), H, I, seed=34, scale=2 / H ** 0.5)
+    preact = _rand(M, 2 * I, seed=35, scale=3.0, inside=inside)
+    scale = torch.rand(M, device="cuda")
+    zeroed = mok.swiglu_backward_mm(dout, w2, preact, scale, off, rows)
+    address = _poisoned_block((M, 2 * I), torch.bfloat16)
+    left = mok.swiglu_backward_mm(dout, w2, preact, scale, off, rows, zero_padding=False)
+    assert left[0].data_ptr() == address
+    for name, z, l in zip(("d13", "scaled_act", "row_scale_grad"), zeroed, left):
+        assert _same_bits(l[inside], z[inside]) and not z[~inside].any(), name
+    assert _untouched(left[0], ~inside)
+    assert not left[2][~inside].any()  # the routing weights' gradient: zeros on padding either way
+
+    g = torch.Generator(device="cuda").manual_seed(36)
+    T, k, width, pad = 100, 4, 512, 77
+    row_of_entry = torch.randperm(T * k + pad, device="cuda", generator=g)[:T * k]
+    entry_of_row = torch.full((T * k + pad,), T * k, dtype=torch.long, device="cuda")
+    entry_of_row[row_of_entry] = torch.arange(T * k, device="cuda")
+    claimed = entry_of_row < T * k
+    x = torch.randn(T, width, device="cuda", generator=g).bfloat16()
+    (zeroed,) = mok.scatter_rows([x], row_of_entry.view(T, k), entry_of_row)
+    address = _poisoned_block((T * k + pad, width), torch.bfloat16)
+    (left,) = mok.scatter_rows([x], row_of_entry.view(T, k), entry_of_row, zero_padding=False)
+    assert left.data_ptr() == address
+    assert _same_bits(left[claimed], zeroed[claimed]) and not zeroed[~claimed].any()
+    assert _untouched(left, ~claimed)
+
+
+def _poison_free_memory():
+    """Fills the caching allocator's free memory with NaN: 32 segments of the
+    small pool (where tensors up to 1 MB go) and one large block, allocated as
+    0xFF bytes and freed, so that the tensors an op then allocates
+    uninitialised mostly start as NaN (not all: an allocation may also land
+    in free space of a segment that was in use)."""
+    held = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF) for _ in range(64)]
+    held += [torch.empty(256 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)]
+    torch.cuda.synchronize()
+    del held
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_the_staged_backward_reads_no_padding_row(save):
+    # Its ops leave every padding row uninitialised (zero_padding=False); with
+    # the free memory full of NaN, a read of one would reach a gradient.
+    T, H, I, E, K = 256, 256, 128, 8, 2  # ~64 rows an expert: every group padded
+    layer = random_global_layer(T, H, I, E, K, 128, seed=37, device="cuda")
+    dout = _rand(T, H, seed=38)
+    clean = _fused_grads(layer, 1, dout, save=save)
+    _poison_free_memory()
+    poisoned = _fused_grads(layer, 1, dout, save=save)
+    for name, a, b in zip(NAMES, clean, poisoned):
+        assert torch.isfinite(b).all(), name
+        assert _same_bits(a, b), name
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_fused_forward_backward_matches_fp32_autograd_and_every_world(shared):
     T, H, I, E, K = 256, 256, 128, 8, 2

@@ -46,7 +46,10 @@ void scatter_rows(const ScatterRowsArgs& args, CUstream_st* stream) {
   p.k = args.k;
   p.num_rows = args.num_rows;
   p.chunks = args.width / 8;
-  const int64_t blocks = args.tokens + (args.num_rows + device::kScatterZeroRows - 1) / device::kScatterZeroRows;
+  const int64_t zero_blocks =
+      args.zero_unclaimed_rows ? (args.num_rows + device::kScatterZeroRows - 1) / device::kScatterZeroRows : 0;
+  const int64_t blocks = args.tokens + zero_blocks;
+  if (blocks == 0) return;
   device::scatter_rows_kernel<<<static_cast<unsigned>(blocks), device::kScatterThreads, 0, stream>>>(p);
   MOK_CUDA_CHECK(cudaGetLastError());
 }

@@ -2,7 +2,8 @@
 // its token's source row bit for bit, every other row is zero; with rows
 // claimed by nobody (padding), entries whose indices disagree (what a bad
 // expert id leaves in a schedule), out-of-range indices, one and several
-// sources, outputs poisoned first, and the same bytes on a second run.
+// sources, outputs poisoned first, and the same bytes on a second run; and
+// unclaimed rows left as they were when the caller asks (zero_unclaimed_rows).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -62,6 +63,21 @@ std::vector<uint16_t> scatter_on_cpu(const std::vector<uint16_t>& src, const Sch
   return out;
 }
 
+// The arguments of a scatter over schedule indices already on the device;
+// the caller adds its sources and outputs.
+mok::ScatterRowsArgs schedule_args(const DeviceBuffer<int64_t>& row_of_entry,
+                                   const DeviceBuffer<int64_t>& entry_of_row, int64_t tokens, int k,
+                                   int64_t num_rows, int64_t width) {
+  mok::ScatterRowsArgs args;
+  args.row_of_entry = row_of_entry.get();
+  args.entry_of_row = entry_of_row.get();
+  args.tokens = tokens;
+  args.k = k;
+  args.num_rows = num_rows;
+  args.width = width;
+  return args;
+}
+
 TEST(ScatterRows, EachClaimedRowIsItsTokensRowAndTheRestZero) {
   MOK_REQUIRE_HOPPER();
   const int64_t tokens = 301, width = 7168 / 4 + 64;  // not a multiple of the block's 128 chunks
@@ -81,18 +97,12 @@ TEST(ScatterRows, EachClaimedRowIsItsTokensRowAndTheRestZero) {
     for (int run = 0; run < 2; ++run) {
       MOK_CUDA_CHECK(cudaMemset(d_x_rows.get(), 0xFF, num_rows * width * 2));
       MOK_CUDA_CHECK(cudaMemset(d_dout_rows.get(), 0xFF, num_rows * width * 2));
-      mok::ScatterRowsArgs args;
+      mok::ScatterRowsArgs args = schedule_args(d_row_of_entry, d_entry_of_row, tokens, k, num_rows, width);
       args.sources[0] = d_dout.get();
       args.outs[0] = d_dout_rows.get();
       args.sources[1] = d_x.get();
       args.outs[1] = d_x_rows.get();
       args.num_sources = sources;
-      args.row_of_entry = d_row_of_entry.get();
-      args.entry_of_row = d_entry_of_row.get();
-      args.tokens = tokens;
-      args.k = k;
-      args.num_rows = num_rows;
-      args.width = width;
       mok::scatter_rows(args);
       MOK_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<uint16_t> got = d_dout_rows.download();
@@ -108,6 +118,38 @@ TEST(ScatterRows, EachClaimedRowIsItsTokensRowAndTheRestZero) {
       else EXPECT_EQ(got, first) << "the same bytes every run";
     }
   }
+}
+
+TEST(ScatterRows, LeavesUnclaimedRowsAloneWhenAskedTo) {
+  MOK_REQUIRE_HOPPER();
+  const int64_t tokens = 77, width = 512;
+  const int k = 6;
+  const int64_t num_rows = tokens * k + 131;
+  std::mt19937 rng(37);
+  const Schedule s = random_schedule(tokens, k, num_rows, rng);
+  const std::vector<uint16_t> x = random_bf16(tokens * width, rng, 2.0f);
+  std::vector<uint16_t> want = scatter_on_cpu(x, s, tokens, k, num_rows, width);
+  // Rows nobody claims keep the poison the output started with.
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t e = s.entry_of_row[r];
+    if (e < 0 || e >= tokens * k || s.row_of_entry[e] != r) std::fill_n(want.begin() + r * width, width, 0xFFFF);
+  }
+  DeviceBuffer<uint16_t> d_x(x), d_out(num_rows * width);
+  DeviceBuffer<int64_t> d_row_of_entry(s.row_of_entry), d_entry_of_row(s.entry_of_row);
+  MOK_CUDA_CHECK(cudaMemset(d_out.get(), 0xFF, num_rows * width * 2));
+  mok::ScatterRowsArgs args = schedule_args(d_row_of_entry, d_entry_of_row, tokens, k, num_rows, width);
+  args.sources[0] = d_x.get();
+  args.outs[0] = d_out.get();
+  args.num_sources = 1;
+  args.zero_unclaimed_rows = false;
+  mok::scatter_rows(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_out.download(), want);
+  // With no tokens there is nothing to launch, and nothing changes.
+  args.tokens = 0;
+  mok::scatter_rows(args);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_out.download(), want);
 }
 
 TEST(ScatterRows, NoTokensZeroesEveryRow) {
