@@ -295,14 +295,25 @@ class ExpertsTimer:
 
 
 def profile_run(model, opt, data, top_kernels) -> dict:
-    """Times len(data) steps with ExpertsTimer, then profiles them again with torch.profiler."""
+    """Times len(data) steps with ExpertsTimer, then profiles them again with torch.profiler.
+
+    Each step starts from an idle GPU. Also kept: the host's time to enqueue a
+    step (until step() returns, before anything waits for the GPU), and the
+    caching allocator's device allocations, frees and retries over the steps
+    (a cudaMalloc or cudaFree inside a step stalls the host on the GPU). A
+    step whose host time reaches its GPU time is host-bound: then faster
+    kernels leave the GPU idle instead of shortening the step.
+    """
     timer = ExpertsTimer(model)
-    step_ms, experts = 0.0, {"forward": 0.0, "backward": 0.0}
+    step_ms, host_ms, experts = 0.0, 0.0, {"forward": 0.0, "backward": 0.0}
+    before = torch.cuda.memory_stats()
     try:
         for micro in data:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
+            started = time.perf_counter()
             step(model, opt, micro)
+            host_ms += (time.perf_counter() - started) * 1e3
             end.record()
             torch.cuda.synchronize()
             step_ms += begin.elapsed_time(end)
@@ -310,7 +321,10 @@ def profile_run(model, opt, data, top_kernels) -> dict:
                 experts[kind] += ms
     finally:
         timer.remove()
-    result = {"steps": len(data), "step_ms": step_ms / len(data),
+    after = torch.cuda.memory_stats()
+    result = {"steps": len(data), "step_ms": step_ms / len(data), "host_ms": host_ms / len(data),
+              "allocator": {key: after.get(key, 0) - before.get(key, 0)
+                            for key in ("num_device_alloc", "num_device_free", "num_alloc_retries")},
               "experts_forward_ms": experts["forward"] / len(data),
               "experts_backward_ms": experts["backward"] / len(data), "kernels": []}
     if top_kernels:
@@ -321,8 +335,8 @@ def profile_run(model, opt, data, top_kernels) -> dict:
                 step(model, opt, micro)
             torch.cuda.synchronize()
         totals = {}
-        for event in prof.events():
-            if event.device_type == DeviceType.CUDA:
+        for event in prof.events():  # kernels and copies (not the ranges of user annotations)
+            if event.device_type == DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
                 us, calls = totals.get(event.name, (0.0, 0))
                 totals[event.name] = (us + event.time_range.elapsed_us(), calls + 1)
         result["kernel_ms"] = sum(us for us, _ in totals.values()) / 1e3 / len(data)
@@ -336,6 +350,8 @@ def print_profile(name: str, p: dict) -> None:
     print(f"\n{name}: {p['steps']} profiled steps, {total:.2f} ms a step (CUDA events; hooks on); MoE experts "
           f"{fwd + bwd:.2f} ms = {100 * (fwd + bwd) / total:.1f}% of the step (forward {fwd:.2f} ms, backward "
           f"{bwd:.2f} ms); the rest {total - fwd - bwd:.2f} ms")
+    print(f"  the host enqueues a step in {p['host_ms']:.2f} ms (step() returning); the caching allocator over the "
+          f"{p['steps']} steps: " + ", ".join(f"{key} {value}" for key, value in p["allocator"].items()))
     if p["kernels"]:
         print(f"  top {len(p['kernels'])} kernels (torch.profiler; GPU kernel time {p['kernel_ms']:.2f} ms a step):")
         print(f"  {'ms/step':>8} {'%':>5} {'calls':>6}  kernel")
