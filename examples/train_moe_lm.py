@@ -61,8 +61,10 @@ SIZES = {  # hidden, moe intermediate, experts, top-k, layers, heads
     "small": (1024, 512, 32, 8, 2, 8),
     "dsv3": (7168, 2048, 32, 8, 2, 56),
 }
-# AdamW's default learning rate by size: without a warm-up, 3e-4 makes the
-# dsv3 size's loss jump from 6.8 to ~29 nats a byte at the first step.
+# AdamW's default learning rate by size. There is no warm-up: at the dsv3
+# size 3e-4 sent the loss from 6.8 to ~29 nats a byte at the first step and
+# left it at ~22 after 8; 5e-5 took it to 3.66 in 16 steps, after a bump to
+# ~8 in the first few (docs/perf-notes.md v21).
 LR = {"small": 3e-4, "dsv3": 5e-5}
 
 # The name under which flash_sdpa_attention is registered with transformers
