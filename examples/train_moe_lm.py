@@ -30,6 +30,12 @@ backward hooks) and list the top kernels (torch.profiler).
   python3 examples/train_moe_lm.py                 # small: H 1024, I 512, 32 experts, top-8, 2 layers
   python3 examples/train_moe_lm.py --size dsv3     # DeepSeek-V3's per-GPU MoE size: H 7168, I 2048, 32 experts, top-8
   python3 examples/train_moe_lm.py --size dsv3 --steps 12 --warmup 4 --profile
+  python3 examples/train_moe_lm.py --size dsv3 --accum 4   # AdamW once per 4 micro-batches
+
+A step is one optimizer step: by default over one micro-batch of --batch x
+--seq tokens, so that AdamW (memory-bound over every parameter: ~15 ms of a
+~75-90 ms step at --size dsv3) runs as often as the layers; --accum N sums
+the gradients of N micro-batches before it, as large-scale trainers do.
 
 Needs one Hopper GPU and transformers (from a source tree: scripts/build.sh first).
 """
@@ -55,6 +61,11 @@ SIZES = {  # hidden, moe intermediate, experts, top-k, layers, heads
     "small": (1024, 512, 32, 8, 2, 8),
     "dsv3": (7168, 2048, 32, 8, 2, 56),
 }
+# AdamW's default learning rate by size. There is no warm-up: at the dsv3
+# size 3e-4 sent the loss from 6.8 to ~29 nats a byte at the first step and
+# left it at ~22 after 8; 5e-5 took it to 3.66 in 16 steps, after a bump to
+# ~8 in the first few (docs/perf-notes.md v21).
+LR = {"small": 3e-4, "dsv3": 5e-5}
 
 # The name under which flash_sdpa_attention is registered with transformers
 # (without "flash" in it: transformers would take the name for a flash-attn kernel).
@@ -203,12 +214,18 @@ def make_optimizer(model, lr: float, kind: str):
                              foreach=kind == "foreach")
 
 
-def step(model, opt, chunk) -> torch.Tensor:
-    out = model(input_ids=chunk, labels=chunk)  # the model shifts the labels itself
+def step(model, opt, micro) -> torch.Tensor:
+    """One optimizer step over the micro-batches `micro`: each one's forward and
+    backward (its loss scaled by 1 / len(micro), the gradients summed in the
+    parameters' .grad), then the optimizer; returns their mean loss."""
     opt.zero_grad(set_to_none=True)
-    out.loss.backward()
+    total = None
+    for chunk in micro:
+        loss = model(input_ids=chunk, labels=chunk).loss  # the model shifts the labels itself
+        (loss / len(micro)).backward()
+        total = loss.detach() if total is None else total + loss.detach()
     opt.step()
-    return out.loss.detach()
+    return total / len(micro)
 
 
 def train(name, model, data, lr, warmup, optim, profile_steps=0, top_kernels=0):
@@ -220,12 +237,12 @@ def train(name, model, data, lr, warmup, optim, profile_steps=0, top_kernels=0):
     opt = make_optimizer(model, lr, optim)
     losses, tokens, start = [], 0, None
     bar = tqdm(data, desc=f"{name:>10}", unit="step", dynamic_ncols=True)
-    for i, chunk in enumerate(bar):
+    for i, micro in enumerate(bar):
         if i == warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
-        losses.append(step(model, opt, chunk).item())
-        tokens += chunk.numel()
+        losses.append(step(model, opt, micro).item())
+        tokens += sum(chunk.numel() for chunk in micro)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     torch.cuda.synchronize()
@@ -280,14 +297,25 @@ class ExpertsTimer:
 
 
 def profile_run(model, opt, data, top_kernels) -> dict:
-    """Times len(data) steps with ExpertsTimer, then profiles them again with torch.profiler."""
+    """Times len(data) steps with ExpertsTimer, then profiles them again with torch.profiler.
+
+    Each step starts from an idle GPU. Also kept: the host's time to enqueue a
+    step (until step() returns, before anything waits for the GPU), and the
+    caching allocator's device allocations, frees and retries over the steps
+    (a cudaMalloc or cudaFree inside a step stalls the host on the GPU). A
+    step whose host time reaches its GPU time is host-bound: then faster
+    kernels leave the GPU idle instead of shortening the step.
+    """
     timer = ExpertsTimer(model)
-    step_ms, experts = 0.0, {"forward": 0.0, "backward": 0.0}
+    step_ms, host_ms, experts = 0.0, 0.0, {"forward": 0.0, "backward": 0.0}
+    before = torch.cuda.memory_stats()
     try:
-        for chunk in data:
+        for micro in data:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            step(model, opt, chunk)
+            started = time.perf_counter()
+            step(model, opt, micro)
+            host_ms += (time.perf_counter() - started) * 1e3
             end.record()
             torch.cuda.synchronize()
             step_ms += begin.elapsed_time(end)
@@ -295,19 +323,22 @@ def profile_run(model, opt, data, top_kernels) -> dict:
                 experts[kind] += ms
     finally:
         timer.remove()
-    result = {"steps": len(data), "step_ms": step_ms / len(data),
+    after = torch.cuda.memory_stats()
+    result = {"steps": len(data), "step_ms": step_ms / len(data), "host_ms": host_ms / len(data),
+              "allocator": {key: after.get(key, 0) - before.get(key, 0)
+                            for key in ("num_device_alloc", "num_device_free", "num_alloc_retries")},
               "experts_forward_ms": experts["forward"] / len(data),
               "experts_backward_ms": experts["backward"] / len(data), "kernels": []}
     if top_kernels:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for chunk in data:
-                step(model, opt, chunk)
+            for micro in data:
+                step(model, opt, micro)
             torch.cuda.synchronize()
         totals = {}
-        for event in prof.events():
-            if event.device_type == DeviceType.CUDA:
+        for event in prof.events():  # kernels and copies (not the ranges of user annotations)
+            if event.device_type == DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
                 us, calls = totals.get(event.name, (0.0, 0))
                 totals[event.name] = (us + event.time_range.elapsed_us(), calls + 1)
         result["kernel_ms"] = sum(us for us, _ in totals.values()) / 1e3 / len(data)
@@ -321,6 +352,8 @@ def print_profile(name: str, p: dict) -> None:
     print(f"\n{name}: {p['steps']} profiled steps, {total:.2f} ms a step (CUDA events; hooks on); MoE experts "
           f"{fwd + bwd:.2f} ms = {100 * (fwd + bwd) / total:.1f}% of the step (forward {fwd:.2f} ms, backward "
           f"{bwd:.2f} ms); the rest {total - fwd - bwd:.2f} ms")
+    print(f"  the host enqueues a step in {p['host_ms']:.2f} ms (step() returning); the caching allocator over the "
+          f"{p['steps']} steps: " + ", ".join(f"{key} {value}" for key, value in p["allocator"].items()))
     if p["kernels"]:
         print(f"  top {len(p['kernels'])} kernels (torch.profiler; GPU kernel time {p['kernel_ms']:.2f} ms a step):")
         print(f"  {'ms/step':>8} {'%':>5} {'calls':>6}  kernel")
@@ -335,7 +368,11 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--accum", type=int, default=1,
+                        help="micro-batches per optimizer step (gradient accumulation), each --batch x --seq tokens: "
+                             "large-scale trainers step the optimizer once per many micro-batches, which spreads its "
+                             "cost (here ~15 ms a step at --size dsv3) over them")
+    parser.add_argument("--lr", type=float, default=None, help=f"AdamW's learning rate (default by size: {LR})")
     parser.add_argument("--warmup", type=int, default=5, help="steps not counted in tokens/s")
     parser.add_argument("--plot", default="train_moe_lm.png", help="PNG of the loss curves ('' for none)")
     parser.add_argument("--baseline", choices=("grouped_mm", "eager"), default="grouped_mm",
@@ -355,6 +392,9 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this example needs a CUDA (Hopper) GPU")
+    if args.accum < 1:
+        sys.exit("--accum must be >= 1")
+    lr = LR[args.size] if args.lr is None else args.lr
     if args.profile and not 0 < args.profile_steps <= args.steps:
         sys.exit(f"--profile-steps must be in 1..--steps ({args.steps})")
     device = torch.device("cuda")
@@ -366,10 +406,11 @@ def main():
     mok.hf.register(save_activations=args.mode == "save")
     register_attention()
     text = corpus(device)
-    data = batches(text, args.steps, args.batch, args.seq, seed=2)
+    chunks = batches(text, args.steps * args.accum, args.batch, args.seq, seed=2)
+    data = [chunks[i:i + args.accum] for i in range(0, len(chunks), args.accum)]
     hidden, inter, experts, top_k, layers, heads = SIZES[args.size]
     print(f"corpus: {text.numel() / 1e6:.2f} MB of this repository's text; {args.batch * args.seq} tokens per "
-          f"step; size {args.size}: hidden {hidden}, MoE intermediate {inter}, {experts} experts, top-{top_k}, "
+          f"micro-batch, {args.accum} micro-batch(es) per optimizer step, AdamW lr {lr:g}; size {args.size}: hidden {hidden}, MoE intermediate {inter}, {experts} experts, top-{top_k}, "
           f"{layers} layers, {heads} heads; attention {ATTENTION[args.attn][1]}; optimizer AdamW ({args.optim}); "
           f"torch deterministic (warn only); mok's backward in {args.mode} mode", flush=True)
     runs = {}
@@ -377,7 +418,7 @@ def main():
     for name, implementation in ((base, base), ("mok", "mok"), ("mok again", "mok")):
         model = build_model(args.size, implementation, args.attn, device)
         profile_steps = args.profile_steps if args.profile and name != "mok again" else 0
-        runs[name] = train(name, model, data, args.lr, args.warmup, args.optim, profile_steps, args.top_kernels)
+        runs[name] = train(name, model, data, lr, args.warmup, args.optim, profile_steps, args.top_kernels)
         del model
         torch.cuda.empty_cache()
 

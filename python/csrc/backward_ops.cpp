@@ -31,6 +31,7 @@
 #include "op_checks.hpp"
 #include "padding_rows.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
 
 namespace {
 
@@ -91,14 +92,14 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   const int64_t I = check_swiglu_backward(dout_rows, w2, preact, row_scale, group_offset, group_rows);
   const c10::cuda::CUDAGuard guard(dout_rows.device());
   const int64_t M = dout_rows.size(0);
-  at::Tensor d13 = at::empty({M, 2 * I}, dout_rows.options());
-  at::Tensor scaled_act = at::empty({M, I}, dout_rows.options());
-  at::Tensor row_scale_grad = at::zeros({M}, dout_rows.options().dtype(at::kFloat));
+  at::Tensor d13 = mok::torch_ops::written_output({M, 2 * I}, dout_rows.options());
+  at::Tensor scaled_act = mok::torch_ops::written_output({M, I}, dout_rows.options());
+  at::Tensor row_scale_grad = mok::torch_ops::zeros_output({M}, dout_rows.options().dtype(at::kFloat));
   if (M == 0) return {d13, scaled_act, row_scale_grad};
   // The per-n-tile parts of <acc, h>: written for every row inside a group,
   // before the second kernel reduces them in n-tile order.
   const int64_t parts = mok::torch_ops::raising_torch_errors([&] { return mok::swiglu_backward_parts(I); });
-  at::Tensor scratch = at::empty({M, parts}, dout_rows.options().dtype(at::kFloat));
+  at::Tensor scratch = mok::torch_ops::written_output({M, parts}, dout_rows.options().dtype(at::kFloat));
   const bool scaled = row_scale.has_value() && row_scale->defined();
   mok::GroupedGemmArgs args;
   args.a = dout_rows.data_ptr();
@@ -118,7 +119,7 @@ SwigluGrads swiglu_backward_mm(const at::Tensor& dout_rows, const at::Tensor& w2
   args.row_scale_grad = row_scale_grad.data_ptr<float>();
   args.scratch = scratch.data_ptr<float>();
   mok::torch_ops::raising_torch_errors([&] { mok::grouped_gemm(args, current_stream(dout_rows.device())); });
-  if (zero_padding) {
+  if (mok::torch_ops::clear_unwritten_rows(zero_padding)) {
     mok::torch_ops::zero_padding_rows(d13, group_offset, group_rows);
     mok::torch_ops::zero_padding_rows(scaled_act, group_offset, group_rows);
   }
@@ -192,8 +193,8 @@ at::Tensor weight_grad_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
   const c10::cuda::CUDAGuard guard(a.device());
   // The kernel writes every group (zeros for one without rows); with no rows
   // at all nothing is launched, so the zeros come from here.
-  if (a.size(0) == 0) return at::zeros({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
-  at::Tensor out = at::empty({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
+  if (a.size(0) == 0) return mok::torch_ops::zeros_output({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
+  at::Tensor out = mok::torch_ops::written_output({num_groups, a.size(1), b.size(1)}, a.options().dtype(dtype));
   launch_weight_grad(out, a, b, group_offset, group_rows, /*accumulate=*/false);
   return out;
 }

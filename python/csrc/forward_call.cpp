@@ -8,13 +8,14 @@
 
 #include "forward_tensors.hpp"
 #include "op_checks.hpp"
+#include "op_outputs.hpp"
 #include "tuning_options.hpp"
 
 namespace mok::torch_ops {
 
 std::vector<at::Tensor> outputs_like(at::TensorList x) {
   std::vector<at::Tensor> out;
-  for (const at::Tensor& t : x) out.push_back(at::empty_like(t));
+  for (const at::Tensor& t : x) out.push_back(written_output_like(t));
   return out;
 }
 

@@ -86,6 +86,7 @@
 #include "mok/row_source.hpp"
 #include "op_checks.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
 #include "tuning_options.hpp"
 #include "world/fused_kernel.hpp"
 #include "world/workspace_layout.hpp"
@@ -327,10 +328,12 @@ using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tenso
 // A weight-gradient output of `sizes`: empty ([0]) where it goes to a main
 // buffer or does not exist; else zeros when the kernel accumulates into it,
 // uninitialised when the kernel overwrites it (or the op writes it whole).
+// Outputs skip torch's deterministic fill: every element is written
+// (op_outputs.hpp).
 at::Tensor weight_grad_output(bool exists, const std::optional<at::Tensor>& main, at::IntArrayRef sizes,
                               const at::TensorOptions& options, bool zeros) {
   if (!exists || given(main)) return at::empty({0}, options);
-  return zeros ? at::zeros(sizes, options) : at::empty(sizes, options);
+  return zeros ? mok::torch_ops::zeros_output(sizes, options) : mok::torch_ops::written_output(sizes, options);
 }
 
 BackwardOutputs allocate(const BackwardCall& call, at::TensorList x, at::TensorList weights, const MainGrads& main) {
@@ -339,8 +342,8 @@ BackwardOutputs allocate(const BackwardCall& call, at::TensorList x, at::TensorL
   const at::TensorOptions f32 = x[0].options().dtype(at::kFloat);
   const int64_t T = c.total_tokens(), k = c.top_k;
   BackwardOutputs o;
-  std::get<0>(o) = at::empty({T, H}, x[0].options());
-  std::get<1>(o) = at::empty({T, k}, weights[0].options());
+  std::get<0>(o) = mok::torch_ops::written_output({T, H}, x[0].options());
+  std::get<1>(o) = mok::torch_ops::written_output({T, k}, weights[0].options());
   // At R > 1 the shared expert's outputs are the sums of per-rank shares,
   // written by the op, not the kernel.
   const bool shared_zeros = call.accumulate && c.world_size == 1;

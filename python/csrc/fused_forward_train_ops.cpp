@@ -35,6 +35,8 @@
 #include "forward_tensors.hpp"
 #include "mok/fused_forward.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
+#include "padding_rows.hpp"
 
 namespace {
 
@@ -42,8 +44,12 @@ using TrainOutputs = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>
                                 std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>;
 
 // The saved tensors' shapes (the same on the CUDA and Meta paths); without
-// keep_preact, preact and shared_preact are empty lists.
+// keep_preact, preact and shared_preact are empty lists. Allocated without
+// torch's deterministic fill (op_outputs.hpp): the pass or the schedule's
+// copies write every element, except preact's padding rows, cleared after
+// the pass while that fill is on.
 TrainOutputs allocate(const mok::torch_ops::ForwardCall& call, at::TensorList x, bool keep_preact) {
+  using mok::torch_ops::written_output;
   const mok::LayerConfig& c = call.config;
   const int64_t rows = mok::FusedForward::saved_rows_for(c);
   const int64_t El = c.experts_per_rank();
@@ -51,14 +57,14 @@ TrainOutputs allocate(const mok::torch_ops::ForwardCall& call, at::TensorList x,
   const at::TensorOptions i32 = x[0].options().dtype(at::kInt);
   TrainOutputs o;
   for (size_t r = 0; r < x.size(); ++r) {
-    std::get<0>(o).push_back(at::empty_like(x[r]));
+    std::get<0>(o).push_back(mok::torch_ops::written_output_like(x[r]));
     if (keep_preact) {
-      std::get<1>(o).push_back(at::empty({rows, 2 * static_cast<int64_t>(c.intermediate)}, bf16));
-      std::get<2>(o).push_back(at::empty({x[r].size(0), 2 * static_cast<int64_t>(c.shared_width())}, bf16));
+      std::get<1>(o).push_back(written_output({rows, 2 * static_cast<int64_t>(c.intermediate)}, bf16));
+      std::get<2>(o).push_back(written_output({x[r].size(0), 2 * static_cast<int64_t>(c.shared_width())}, bf16));
     }
-    std::get<3>(o).push_back(at::empty({El}, i32));
-    std::get<4>(o).push_back(at::empty({El + 1}, i32));
-    std::get<5>(o).push_back(at::empty({rows, 3}, i32));
+    std::get<3>(o).push_back(written_output({El}, i32));
+    std::get<4>(o).push_back(written_output({El + 1}, i32));
+    std::get<5>(o).push_back(written_output({rows, 3}, i32));
   }
   return o;
 }
@@ -105,6 +111,9 @@ TrainOutputs fused_forward_train_cuda(at::TensorList x, at::TensorList expert_id
       expert_rows[r].copy_(ints(states[r], regions.expert_rows, expert_rows[r].numel()));
       expert_offset[r].copy_(ints(states[r], regions.expert_offset, expert_offset[r].numel()));
       schedule_rows[r].copy_(ints(states[r], regions.rows, schedule_rows[r].numel()).view({-1, 3}));
+      if (keep_preact && mok::torch_ops::clear_unwritten_rows(false)) {
+        mok::torch_ops::zero_padding_rows(preact[r], expert_offset[r], expert_rows[r]);
+      }
     }
   });
   return o;

@@ -14,6 +14,7 @@
 #include "op_checks.hpp"
 #include "padding_rows.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
 
 namespace {
 
@@ -77,19 +78,22 @@ void enqueue(const mok::GroupedGemmArgs& args, const at::Device& device) {
 // kKN outputs are zeros on rows no group owns (they are data gradients,
 // whose padding rows a caller may sum) unless the caller says it never reads
 // them (zero_padding false: the staged backward); the forward's outputs
-// leave them.
+// leave them. Under torch's deterministic fill they are cleared either way
+// (op_outputs.hpp).
 at::Tensor run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_offset,
                const at::Tensor& group_rows, mok::GemmEpilogue epilogue,
                mok::WeightLayout layout = mok::WeightLayout::kNK, bool zero_padding = false) {
   const int64_t n = check_arguments(a, b, group_offset, group_rows, epilogue, layout);
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({a.size(0), n}, a.options());
+  at::Tensor out = mok::torch_ops::written_output({a.size(0), n}, a.options());
   if (a.size(0) == 0) return out;
   mok::GroupedGemmArgs args = common_args(a, b, out, group_offset, group_rows, n);
   args.epilogue = epilogue;
   args.b_layout = layout;
   enqueue(args, a.device());
-  if (zero_padding) mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
+  if (mok::torch_ops::clear_unwritten_rows(zero_padding)) {
+    mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
+  }
   return out;
 }
 
@@ -166,7 +170,7 @@ at::Tensor run_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Te
                    const at::Tensor& group_offset, const at::Tensor& group_rows, bool swiglu) {
   const int64_t n = check_fp8(a, a_scales, b, b_scales, group_offset, group_rows, swiglu);
   const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor out = at::empty({a.size(0), n}, a.options().dtype(at::kBFloat16));
+  at::Tensor out = mok::torch_ops::written_output({a.size(0), n}, a.options().dtype(at::kBFloat16));
   if (a.size(0) == 0) return out;
   mok::GroupedGemmArgs args = common_args(a, b, out, group_offset, group_rows, n);
   args.element = mok::GemmElement::kE4M3;
@@ -174,6 +178,7 @@ at::Tensor run_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Te
   args.b_scales = b_scales.data_ptr<uint8_t>();
   args.epilogue = swiglu ? mok::GemmEpilogue::kSwiGLU : mok::GemmEpilogue::kPlain;
   enqueue(args, a.device());
+  if (mok::torch_ops::clear_unwritten_rows(false)) mok::torch_ops::zero_padding_rows(out, group_offset, group_rows);
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include "mok/row_combine.hpp"
 #include "op_checks.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
 
 namespace {
 
@@ -40,7 +41,7 @@ void check_row_combine(const at::Tensor& rows, const at::Tensor& row_index, cons
 at::Tensor row_combine(const at::Tensor& rows, const at::Tensor& row_index, const std::optional<at::Tensor>& base) {
   check_row_combine(rows, row_index, base);
   const c10::cuda::CUDAGuard guard(rows.device());
-  at::Tensor out = at::empty({row_index.size(0), rows.size(1)}, rows.options());
+  at::Tensor out = mok::torch_ops::written_output({row_index.size(0), rows.size(1)}, rows.options());
   mok::RowCombineArgs args;
   args.rows = rows.data_ptr();
   args.row_index = row_index.data_ptr<int32_t>();

@@ -1,6 +1,7 @@
 // torch.ops.mok.scatter_rows: each token's row of every source copied to the
 // rows its k entries were scheduled to, rows no entry claims zeroed (with
-// zero_padding=False left uninitialised; include/mok/scatter_rows.hpp) --
+// zero_padding=False left uninitialised, except under torch's deterministic
+// fill: op_outputs.hpp; include/mok/scatter_rows.hpp) --
 // the staged backward's x and dout rows in schedule order, both in one pass
 // that reads each token's rows once.
 // Kernels: CUDA, Meta, CPU (refuses).
@@ -15,6 +16,7 @@
 #include "mok/scatter_rows.hpp"
 #include "op_checks.hpp"
 #include "op_errors.hpp"
+#include "op_outputs.hpp"
 
 namespace {
 
@@ -52,7 +54,7 @@ void check_scatter_rows(const std::vector<at::Tensor>& sources, const at::Tensor
 
 std::vector<at::Tensor> empty_outputs(const std::vector<at::Tensor>& sources, const at::Tensor& entry_of_row) {
   std::vector<at::Tensor> outs;
-  for (const at::Tensor& s : sources) outs.push_back(at::empty({entry_of_row.size(0), s.size(1)}, s.options()));
+  for (const at::Tensor& s : sources) outs.push_back(mok::torch_ops::written_output({entry_of_row.size(0), s.size(1)}, s.options()));
   return outs;
 }
 
@@ -73,7 +75,7 @@ std::vector<at::Tensor> scatter_rows(const std::vector<at::Tensor>& sources, con
   args.k = mok::torch_ops::checked_int(row_of_entry.size(1), "k (row_of_entry.size(1))");
   args.num_rows = entry_of_row.size(0);
   args.width = sources[0].size(1);
-  args.zero_unclaimed_rows = zero_padding;
+  args.zero_unclaimed_rows = mok::torch_ops::clear_unwritten_rows(zero_padding);
   mok::torch_ops::raising_torch_errors(
       [&] { mok::scatter_rows(args, c10::cuda::getCurrentCUDAStream(sources[0].device().index()).stream()); });
   return outs;

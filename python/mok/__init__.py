@@ -61,7 +61,13 @@ is looked for), which registers:
 The backward's building blocks (the staged backward, mok/staged_backward.py,
 chains them; rows outside every group come back as zeros, or with
 zero_padding=False, where an op takes it, uninitialised: for a caller that
-never reads them, as the staged backward, which saves their writes):
+never reads them, as the staged backward, which saves their writes. Under
+torch.use_deterministic_algorithms(True) with
+torch.utils.deterministic.fill_uninitialized_memory on (torch's default),
+those rows, and the forward GEMMs' padding rows, are zeros instead, so that
+every byte an op returns is repeatable; every other output element is
+written by the kernels, so mok's outputs skip that mode's NaN fill of new
+tensors, which cost a DeepSeek-V3-size layer's backward ~1.4 ms):
 
   torch.ops.mok.grouped_mm_kn(a, b, group_offset, group_rows, *, zero_padding=True) -> out
       b [G, K, N] (the weights transposed): out[rows of g] = a[rows] @ b[g].
