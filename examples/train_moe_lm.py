@@ -410,7 +410,8 @@ def main():
     data = [chunks[i:i + args.accum] for i in range(0, len(chunks), args.accum)]
     hidden, inter, experts, top_k, layers, heads = SIZES[args.size]
     print(f"corpus: {text.numel() / 1e6:.2f} MB of this repository's text; {args.batch * args.seq} tokens per "
-          f"micro-batch, {args.accum} micro-batch(es) per optimizer step, AdamW lr {lr:g}; size {args.size}: hidden {hidden}, MoE intermediate {inter}, {experts} experts, top-{top_k}, "
+          f"micro-batch, {args.accum} micro-batch(es) per optimizer step, AdamW lr {lr:g}; size {args.size}: "
+          f"hidden {hidden}, MoE intermediate {inter}, {experts} experts, top-{top_k}, "
           f"{layers} layers, {heads} heads; attention {ATTENTION[args.attn][1]}; optimizer AdamW ({args.optim}); "
           f"torch deterministic (warn only); mok's backward in {args.mode} mode", flush=True)
     runs = {}

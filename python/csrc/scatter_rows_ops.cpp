@@ -54,7 +54,9 @@ void check_scatter_rows(const std::vector<at::Tensor>& sources, const at::Tensor
 
 std::vector<at::Tensor> empty_outputs(const std::vector<at::Tensor>& sources, const at::Tensor& entry_of_row) {
   std::vector<at::Tensor> outs;
-  for (const at::Tensor& s : sources) outs.push_back(mok::torch_ops::written_output({entry_of_row.size(0), s.size(1)}, s.options()));
+  for (const at::Tensor& s : sources) {
+    outs.push_back(mok::torch_ops::written_output({entry_of_row.size(0), s.size(1)}, s.options()));
+  }
   return outs;
 }
 
