@@ -384,6 +384,9 @@ def main():
                              "(default), or transformers' eager attention")
     parser.add_argument("--optim", choices=("fused", "foreach"), default="fused",
                         help="torch.optim.AdamW's implementation: fused=True (default) or foreach=True")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each model (Inductor; both backends alike): fewer launches and less "
+                             "Python a step, for a step the host would otherwise set the pace of")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed steps, time the MoE experts' share of a step and list the top kernels "
                              "(the baseline and the first mok run)")
@@ -418,6 +421,8 @@ def main():
     base = args.baseline
     for name, implementation in ((base, base), ("mok", "mok"), ("mok again", "mok")):
         model = build_model(args.size, implementation, args.attn, device)
+        if args.compile:
+            model.compile()  # compiled at the first steps (warm-up steps: not counted in tokens/s)
         profile_steps = args.profile_steps if args.profile and name != "mok again" else 0
         runs[name] = train(name, model, data, lr, args.warmup, args.optim, profile_steps, args.top_kernels)
         del model
