@@ -31,6 +31,7 @@ backward hooks) and list the top kernels (torch.profiler).
   python3 examples/train_moe_lm.py --size dsv3     # DeepSeek-V3's per-GPU MoE size: H 7168, I 2048, 32 experts, top-8
   python3 examples/train_moe_lm.py --size dsv3 --steps 12 --warmup 4 --profile
   python3 examples/train_moe_lm.py --size dsv3 --accum 4   # AdamW once per 4 micro-batches
+  python3 examples/train_moe_lm.py --size dsv3 --compile   # both models under torch.compile
 
 A step is one optimizer step: by default over one micro-batch of --batch x
 --seq tokens, so that AdamW (memory-bound over every parameter: ~15 ms of a
@@ -424,8 +425,8 @@ def main():
     parser.add_argument("--optim", choices=("fused", "foreach"), default="fused",
                         help="torch.optim.AdamW's implementation: fused=True (default) or foreach=True")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each model (Inductor; both backends alike): fewer launches and less "
-                             "Python a step, for a step the host would otherwise set the pace of")
+                        help="torch.compile each model (Inductor; both backends alike): the elementwise work "
+                             "around the layers fused, fewer launches; attention stays eager (a graph break each)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed steps, time the MoE experts' share of a step and list the top kernels "
                              "(the baseline and the first mok run)")
