@@ -31,6 +31,7 @@ backward hooks) and list the top kernels (torch.profiler).
   python3 examples/train_moe_lm.py --size dsv3     # DeepSeek-V3's per-GPU MoE size: H 7168, I 2048, 32 experts, top-8
   python3 examples/train_moe_lm.py --size dsv3 --steps 12 --warmup 4 --profile
   python3 examples/train_moe_lm.py --size dsv3 --accum 4   # AdamW once per 4 micro-batches
+  python3 examples/train_moe_lm.py --size dsv3 --compile   # both models under torch.compile
 
 A step is one optimizer step: by default over one micro-batch of --batch x
 --seq tokens, so that AdamW (memory-bound over every parameter: ~15 ms of a
@@ -172,15 +173,45 @@ def flash_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
 
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (query, key, value)):
         return run(query, key, value), None
-    return _StrictBackward.apply(run, query, key, value), None
+    return _strict_backward_apply(run, query, key, value), None
+
+
+# torch.compile (--compile) runs this part eagerly, a graph break at each
+# attention: Dynamo would trace _StrictBackward's forward without the graph
+# its backward differentiates.
+@torch.compiler.disable
+def _strict_backward_apply(fn, *tensors):
+    return _StrictBackward.apply(fn, *tensors)
+
+
+def causal_mask_or_none(*args, **kwargs):
+    """sdpa's mask for flash_sdpa_attention: None (sdpa's is_causal) for a plain
+    causal mask without padding, sdpa_mask's mask otherwise.
+
+    transformers' sdpa_mask returns None in that case too, but not while
+    torch.compile traces the model (it cannot tell there that the mask is
+    plain causal, and builds it); a built mask keeps torch's flash kernel
+    out, which flash_sdpa_attention pins. The batches here have no padding
+    and no cache, so the conditions below hold at every call, compiled or not.
+    """
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    q_length = kwargs.get("q_length")
+    if q_length is None and kwargs.get("cache_position") is not None:  # transformers before q_length
+        q_length = kwargs["cache_position"].shape[0]
+    plain_causal = (not args and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+                    and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+                    and kwargs.get("allow_is_causal_skip", True) and not kwargs.get("q_offset", 0)
+                    and not kwargs.get("kv_offset", 0) and q_length is not None
+                    and q_length == kwargs.get("kv_length"))
+    return None if plain_causal else sdpa_mask(*args, **kwargs)
 
 
 def register_attention() -> None:
-    """Registers flash_sdpa_attention with transformers (and sdpa's causal mask, which is None without padding)."""
+    """Registers flash_sdpa_attention with transformers, with causal_mask_or_none for its mask."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(FLASH_SDPA, flash_sdpa_attention)
-    AttentionMaskInterface.register(FLASH_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(FLASH_SDPA, causal_mask_or_none)
 
 
 # --- model, step, training ---------------------------------------------------
@@ -235,16 +266,25 @@ def train(name, model, data, lr, warmup, optim, profile_steps=0, top_kernels=0):
         def tqdm(it, **_):
             return it
     opt = make_optimizer(model, lr, optim)
-    losses, tokens, start = [], 0, None
+    losses, tokens, start, pending = [], 0, None, None
     bar = tqdm(data, desc=f"{name:>10}", unit="step", dynamic_ncols=True)
     for i, micro in enumerate(bar):
         if i == warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
-        losses.append(step(model, opt, micro).item())
+        loss = step(model, opt, micro)
         tokens += sum(chunk.numel() for chunk in micro)
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        # Each loss is read one step late, once the next step is queued, as
+        # training stacks log: reading it at once would empty the GPU's queue
+        # every step and leave the GPU idle while the host queues the next
+        # forward (its Python runs slower than the forward's kernels).
+        if pending is not None:
+            losses.append(pending.item())
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        pending = loss
+    if pending is not None:
+        losses.append(pending.item())
     torch.cuda.synchronize()
     rate = tokens / (time.perf_counter() - start) if start is not None else float("nan")
     # Profiling runs after the timed steps (its hooks and the profiler cost time),
@@ -384,6 +424,9 @@ def main():
                              "(default), or transformers' eager attention")
     parser.add_argument("--optim", choices=("fused", "foreach"), default="fused",
                         help="torch.optim.AdamW's implementation: fused=True (default) or foreach=True")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each model (Inductor; both backends alike): the elementwise work "
+                             "around the layers fused, fewer launches; attention stays eager (a graph break each)")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed steps, time the MoE experts' share of a step and list the top kernels "
                              "(the baseline and the first mok run)")
@@ -418,6 +461,8 @@ def main():
     base = args.baseline
     for name, implementation in ((base, base), ("mok", "mok"), ("mok again", "mok")):
         model = build_model(args.size, implementation, args.attn, device)
+        if args.compile:
+            model.compile()  # compiled at the first steps (warm-up steps: not counted in tokens/s)
         profile_steps = args.profile_steps if args.profile and name != "mok again" else 0
         runs[name] = train(name, model, data, lr, args.warmup, args.optim, profile_steps, args.top_kernels)
         del model

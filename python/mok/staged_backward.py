@@ -196,11 +196,16 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
         first += int(count)
     token_of_row = torch.where(real, global_token, 0)
     entry_of_row = torch.where(real, token_of_row * top_k + slot, T * top_k)
-    # Each real entry has exactly one row; the dummy entry takes every other
-    # row (whichever lands there is never read). Zeros first: an entry a bad
-    # expert id kept out of the schedule then points at row 0, not at garbage.
-    row_of_entry = torch.zeros(T * top_k + 1, dtype=torch.long, device=device)
-    row_of_entry.index_put_((entry_of_row,), torch.arange(R * cap, device=device))
+    # Each real entry has exactly one row. Every other row writes a dummy
+    # entry of its own past T k (never read), not the shared dummy T k: in
+    # deterministic mode index_put_ sorts its indices and writes each run of
+    # equal ones serially, and the padding rows and the capacity's unused
+    # tail (thousands of rows) made one such run (0.36 ms a layer at the
+    # DeepSeek-V3 size). Zeros first: an entry a bad expert id kept out of
+    # the schedule then points at row 0, not at garbage.
+    all_rows = torch.arange(R * cap, device=device)
+    row_of_entry = torch.zeros(T * top_k + R * cap, dtype=torch.long, device=device)
+    row_of_entry.index_put_((torch.where(real, entry_of_row, T * top_k + all_rows),), all_rows)
     if R == 1:  # the forward's own offsets and counts, already int32
         group_offset, group_rows = saved.expert_offset[0], saved.expert_rows[0]
     else:
