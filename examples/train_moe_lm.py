@@ -18,7 +18,9 @@ for both backends:
   - optimizer: torch.optim.AdamW with fused=True (one multi-tensor CUDA kernel,
     elementwise and so deterministic); --optim foreach for torch's default;
   - torch in deterministic mode (warn only) and deterministic cuBLAS, so that
-    the whole step -- not only mok -- is repeatable.
+    the whole step -- not only mok -- is repeatable;
+  - each step's loss read once the next step is queued (the progress bar
+    shows it a step late), so the GPU's queue never empties between steps.
 
 Reported: the configuration, a progress bar per run, tokens/s (after warm-up
 steps), the loss curves side by side, the largest gap between mok's and
