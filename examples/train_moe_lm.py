@@ -286,9 +286,7 @@ def train(name, model, data, lr, warmup, optim, profile_steps=0, top_kernels=0):
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
         pending = loss
     if pending is not None:
-        losses.append(pending.item())
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        losses.append(pending.item())  # the bar has closed: the summary below prints the last loss
     torch.cuda.synchronize()
     rate = tokens / (time.perf_counter() - start) if start is not None else float("nan")
     # Profiling runs after the timed steps (its hooks and the profiler cost time),
