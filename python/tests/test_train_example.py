@@ -31,13 +31,6 @@ def tiny_config(attn_implementation):
     return config
 
 
-def causal_mask(config, batch, seq, attention_mask=None):
-    from transformers.masking_utils import create_causal_mask
-    embeds = torch.zeros(batch, seq, config.hidden_size)
-    return create_causal_mask(config=config, inputs_embeds=embeds, attention_mask=attention_mask, cache=None,
-                              position_ids=None)
-
-
 PROBE = "mask_probe"
 
 
@@ -90,18 +83,18 @@ def test_the_training_forward_gets_no_mask_eager_and_compiled(example, masks_see
     torch.testing.assert_close(compiled, eager)
 
 
-def test_plain_causal_mask_is_none(example):
-    assert causal_mask(tiny_config(example.FLASH_SDPA), 2, 16) is None
-
-
-def test_padded_batch_gets_a_real_mask(example):
-    config = tiny_config(example.FLASH_SDPA)
+def test_a_padded_batch_gets_a_real_mask(example, masks_seen):
+    """A batch with padding is not plain causal: the mask function builds
+    transformers' own mask for it (flash_sdpa_attention would then refuse it,
+    where a silent None would attend to the padding)."""
+    model = tiny_model(example, PROBE)
+    ids = torch.randint(0, 256, (2, 16))
     padding = torch.ones(2, 16, dtype=torch.long)
     padding[1, :5] = 0  # left padding on the second sequence
-    mask = causal_mask(config, 2, 16, padding)
-    assert isinstance(mask, torch.Tensor)
-    reference = causal_mask(tiny_config("sdpa"), 2, 16, padding)
-    assert torch.equal(mask, reference)
+    model(input_ids=ids, attention_mask=padding)
+    assert len(masks_seen) == 2 and all(isinstance(m, torch.Tensor) for m in masks_seen)
+    assert not masks_seen[0][1, 0, -1, :5].any() and masks_seen[0][0, 0, -1].all()
+    assert masks_seen[0].shape == (2, 1, 16, 16)
 
 
 def test_batches_are_slices_of_the_text_and_repeat_by_seed(example):
