@@ -51,8 +51,10 @@ of an accumulated step, or a zeroed .grad) and the backward running is one
 that will add to it (loss.backward(), not autograd.grad), the weight-gradient
 kernel adds its rounded sum to that .grad as it stores each tile and the
 backward returns no gradient for the weight: the bits torch's accumulation
-gives (bf16 sum rounded, added, rounded again), without a gradient tensor and
-torch's second pass over it (~2 ms a layer of DeepSeek-V3's size). Not done
+gives (bf16 sum rounded, added, rounded again; one exception: an expert that
+got no token this call leaves its .grad as it is, where torch's addition of
++0.0 turns a -0.0 into +0.0), without a gradient tensor and torch's second
+pass over it (~2 ms a layer of DeepSeek-V3's size). Not done
 -- the gradient returned as usual -- when the weight has a tensor hook or a
 post-accumulate-grad hook, under torch.compile, for a .grad that is not a
 contiguous bf16 tensor of the weight's shape, or with MOK_GRAD_IN_PLACE=0
