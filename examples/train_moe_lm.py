@@ -40,7 +40,11 @@ tokens, their gradients summed before AdamW, as large-scale trainers do. By
 default (ACCUM below) one micro-batch at the small size, and 8 at the dsv3
 size, about what a GPU processed per optimizer step in DeepSeek-V3's own
 training; AdamW, memory-bound over every parameter, takes ~15 ms, a fifth of
-a one-micro-batch step at that size (--accum 1).
+a one-micro-batch step at that size (--accum 1). From the second micro-batch
+on, torch adds each gradient to .grad (a pass over every parameter's
+gradient), except where mok's backward adds its expert weights' gradients to
+.grad itself as its kernel stores them (mok/autograd.py: the same bits);
+grouped_mm's go through torch's addition.
 
 Needs one Hopper GPU and transformers (from a source tree: scripts/build.sh first).
 """
