@@ -32,13 +32,19 @@ backward hooks) and list the top kernels (torch.profiler).
   python3 examples/train_moe_lm.py                 # small: H 1024, I 512, 32 experts, top-8, 2 layers
   python3 examples/train_moe_lm.py --size dsv3     # DeepSeek-V3's per-GPU MoE size: H 7168, I 2048, 32 experts, top-8
   python3 examples/train_moe_lm.py --size dsv3 --steps 12 --warmup 4 --profile
-  python3 examples/train_moe_lm.py --size dsv3 --accum 4   # AdamW once per 4 micro-batches
+  python3 examples/train_moe_lm.py --size dsv3 --accum 1   # AdamW after every micro-batch
   python3 examples/train_moe_lm.py --size dsv3 --compile   # both models under torch.compile
 
-A step is one optimizer step: by default over one micro-batch of --batch x
---seq tokens, so that AdamW (memory-bound over every parameter: ~15 ms of a
-~75-90 ms step at --size dsv3) runs as often as the layers; --accum N sums
-the gradients of N micro-batches before it, as large-scale trainers do.
+A step is one optimizer step over --accum micro-batches of --batch x --seq
+tokens, their gradients summed before AdamW, as large-scale trainers do. By
+default (ACCUM below) one micro-batch at the small size, and 8 at the dsv3
+size, about what a GPU processed per optimizer step in DeepSeek-V3's own
+training; AdamW, memory-bound over every parameter, takes ~15 ms, a fifth of
+a one-micro-batch step at that size (--accum 1). From the second micro-batch
+on, torch adds each gradient to .grad (a pass over every parameter's
+gradient), except where mok's backward adds its expert weights' gradients to
+.grad itself as its kernel stores them (mok/autograd.py: the same bits);
+grouped_mm's go through torch's addition.
 
 Needs one Hopper GPU and transformers (from a source tree: scripts/build.sh first).
 """
@@ -69,6 +75,14 @@ SIZES = {  # hidden, moe intermediate, experts, top-k, layers, heads
 # left it at ~22 after 8; 5e-5 took it to 3.66 in 16 steps, after a bump to
 # ~8 in the first few (docs/perf-notes.md v21).
 LR = {"small": 3e-4, "dsv3": 5e-5}
+# Micro-batches per optimizer step by size. At the dsv3 size a micro-batch is
+# 4096 tokens, and DeepSeek-V3's own training stepped its optimizer once per
+# 15,360 sequences of 4,096 tokens over 2,048 GPUs: ~30,700 tokens a GPU even
+# before pipeline parallelism multiplies the tokens each stage sees per step.
+# So 8 micro-batches (32,768 tokens) is the real ratio of layer work to
+# optimizer work, and still on the optimizer-heavy side; AdamW at every
+# micro-batch (--accum 1) would update ~3 B parameters every 4,096 tokens.
+ACCUM = {"small": 1, "dsv3": 8}
 
 # The name under which flash_sdpa_attention is registered with transformers
 # (without "flash" in it: transformers would take the name for a flash-attn kernel).
@@ -410,10 +424,10 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--accum", type=int, default=1,
+    parser.add_argument("--accum", type=int, default=None,
                         help="micro-batches per optimizer step (gradient accumulation), each --batch x --seq tokens: "
                              "large-scale trainers step the optimizer once per many micro-batches, which spreads its "
-                             "cost (here ~15 ms a step at --size dsv3) over them")
+                             f"cost (~15 ms at --size dsv3) over them (default by size: {ACCUM})")
     parser.add_argument("--lr", type=float, default=None, help=f"AdamW's learning rate (default by size: {LR})")
     parser.add_argument("--warmup", type=int, default=5, help="steps not counted in tokens/s")
     parser.add_argument("--plot", default="train_moe_lm.png", help="PNG of the loss curves ('' for none)")
@@ -437,6 +451,7 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this example needs a CUDA (Hopper) GPU")
+    args.accum = ACCUM[args.size] if args.accum is None else args.accum
     if args.accum < 1:
         sys.exit("--accum must be >= 1")
     lr = LR[args.size] if args.lr is None else args.lr

@@ -9,7 +9,10 @@
 //   b    bf16 [m_total, n]   [group_offset[g], group_offset[g] + group_rows[g])
 //   out  fp32 [G, m, n]      out[g] = sum_r a[r]^T b[r]   (accumulate: out[g] += ...)
 //        or bf16 [G, m, n] with out_bf16: the fp32 sum rounded once (what an
-//        autograd backward returns for bf16 weights; no accumulate)
+//        autograd backward returns for bf16 weights); accumulate: that rounded
+//        sum added to out_bf16 and rounded again -- the bits of torch adding
+//        the returned gradient to a bf16 .grad (gradient accumulation), with
+//        no second pass over the gradient
 // group_offset (int32 [G + 1]) and group_rows (int32 [G]) live in DEVICE
 // memory, as for grouped_gemm (same rules; rows outside every group are never
 // read into a sum). A group with no rows gets zeros (accumulate: is left as is).
@@ -17,7 +20,8 @@
 // Determinism: each output element is one fp32 accumulator chain over its
 // group's rows in order, in 64-row blocks from the group's first row (wgmma
 // k16 steps inside a block), then -- when accumulating -- one addition to the
-// old value. The bits depend only on the group's rows, never on where the
+// old value (bf16 out: of the rounded sum, by the TMA unit at L2; each
+// element gets one such addition per call, so the order question never arises). The bits depend only on the group's rows, never on where the
 // group sits in a, on the other groups or on the grid size.
 //
 // Supported sizes: m and n multiples of 64 (>= 64), G >= 1, G * m * n below
@@ -35,7 +39,7 @@ struct WeightGradArgs {
   const void* a = nullptr;                // bf16 [m_total, m]
   const void* b = nullptr;                // bf16 [m_total, n]
   float* out = nullptr;                   // fp32 [G, m, n] (null when out_bf16 is given)
-  void* out_bf16 = nullptr;               // bf16 [G, m, n] instead of out (not with accumulate)
+  void* out_bf16 = nullptr;               // bf16 [G, m, n] instead of out
   const int32_t* group_offset = nullptr;  // device int32 [G + 1]
   const int32_t* group_rows = nullptr;    // device int32 [G]
   int num_groups = 0;

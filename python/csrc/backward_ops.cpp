@@ -50,6 +50,7 @@ const TensorSpec kRows{at::kBFloat16, 2, /*aligned=*/true};
 const TensorSpec kWeights{at::kBFloat16, 3, /*aligned=*/true};
 const TensorSpec kRowScale{at::kFloat, 1};
 const TensorSpec kGradOut{at::kFloat, 3, /*aligned=*/true};
+const TensorSpec kGradOutBf16{at::kBFloat16, 3, /*aligned=*/true};
 
 CUstream_st* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -211,7 +212,13 @@ void check_weight_grad_acc(const at::Tensor& out, const at::Tensor& a, const at:
   expect(out.defined(), "out is undefined");
   const at::Device device = out.device();
   mok::torch_ops::expect_cuda(device, "out");
-  check_tensor(out, "out", kGradOut, device, "out is on");
+  // fp32 (a main_grad: one fp32 addition) or bf16 (a bf16 weight's .grad:
+  // the sum rounded, then added and rounded again, as torch's own
+  // accumulation of a bf16 gradient does).
+  expect(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
+         std::string("out must be float32 (a main_grad) or bfloat16 (a bf16 weight's .grad) (got ") +
+             c10::toString(out.scalar_type()) + ")");
+  check_tensor(out, "out", out.scalar_type() == at::kBFloat16 ? kGradOutBf16 : kGradOut, device, "out is on");
   check_weight_grad_operands(a, b, device, "out is on");
   const int64_t groups = out.size(0);
   check_shape(out, "out", {groups, a.size(1), b.size(1)}, "[G, m, n] (m from a, n from b)");

@@ -204,9 +204,12 @@ def scatter_rows(sources: list[torch.Tensor], row_of_entry: torch.Tensor,
 
 def weight_grad_mm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group_offset: torch.Tensor,
                         group_rows: torch.Tensor) -> torch.Tensor:
-    """out[g] += sum over group g's rows of a[r]^T b[r], in place (out fp32
-    [G, m, n]): fp32 gradient accumulation over micro-batches, the new sum
-    added once to the old value. Returns out."""
+    """out[g] += sum over group g's rows of a[r]^T b[r], in place: gradient
+    accumulation over micro-batches. out fp32 [G, m, n] (a main_grad): the
+    new sum added once to the old value; or bf16 (a bf16 weight's .grad): the
+    sum rounded to bf16, then added and rounded again -- the bits torch's own
+    accumulation of the returned gradient gives, without its pass over the
+    gradient (the TMA unit adds each tile as it is stored). Returns out."""
     torch.ops.mok.weight_grad_mm_acc_(out, a, b, group_offset, group_rows)
     return out
 

@@ -45,6 +45,23 @@ True) does): mok.fused_forward's backward then adds each weight gradient to
 it (weight_grad_mm_acc_: one fp32 addition per element and call) and returns
 no .grad for that weight. Double backward (create_graph=True) is not supported and raises.
 
+Gradient accumulation into .grad, in place (the staged backward, one rank):
+when a bf16 weight already has a .grad (the second and later micro-batches
+of an accumulated step, or a zeroed .grad) and the backward running is one
+that will add to it (loss.backward(), not autograd.grad), the weight-gradient
+kernel adds its rounded sum to that .grad as it stores each tile and the
+backward returns no gradient for the weight: the bits torch's accumulation
+gives (bf16 sum rounded, added, rounded again; one exception: an expert that
+got no token this call leaves its .grad as it is, where torch's addition of
++0.0 turns a -0.0 into +0.0), without a gradient tensor and torch's second
+pass over it (~2 ms a layer of DeepSeek-V3's size). Not done
+-- the gradient returned as usual -- when the weight has a tensor hook or a
+post-accumulate-grad hook, under torch.compile, for a .grad that is not a
+contiguous bf16 tensor of the weight's shape, or with MOK_GRAD_IN_PLACE=0
+(read at each backward). A hook on the weight's AccumulateGrad node itself
+(Node.register_hook) is not visible from here: it runs, but sees None as
+the gradient; set MOK_GRAD_IN_PLACE=0 where such a hook needs it.
+
 MOK_BACKWARD (read when the forward runs, which decides what it keeps for the
 backward): "auto" or unset, today the staged backward (the faster of the two
 on one GPU, docs/perf-notes.md b5); "staged", the staged backward always;
@@ -128,6 +145,39 @@ def _main_grads(w13, w2, shared_w13, shared_w2):
     one = len(w13) == 1
     return staged_backward.MainGrads(main(w13[0]) if one else None, main(w2[0]) if one else None,
                                      main(shared_w13), main(shared_w2))
+
+
+def _grad_in_place(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """weight's .grad if this backward may add weight's gradient to it in
+    place and return none (see the module docstring), else None."""
+    if weight is None or not weight.is_leaf or not weight.requires_grad or weight.dtype != torch.bfloat16:
+        return None
+    grad = weight.grad
+    if (grad is None or grad.dtype != torch.bfloat16 or grad.shape != weight.shape or grad.device != weight.device
+            or grad.layout != torch.strided or not grad.is_contiguous() or grad.requires_grad
+            or grad.data_ptr() % 16):
+        return None
+    if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
+        return None
+    try:  # autograd.grad() collects the gradient instead of running the weight's AccumulateGrad
+        node = torch.autograd.graph.get_gradient_edge(weight).node
+        return grad if torch._C._will_engine_execute_node(node) else None
+    except RuntimeError:  # "... currently running autograd.grad()": the weight is one of its inputs
+        return None
+
+
+def _with_grads_in_place(main: staged_backward.MainGrads, needs: staged_backward.Needs, w13, w2, shared_w13,
+                         shared_w2) -> staged_backward.MainGrads:
+    """main, with each needed weight gradient that has no main_grad going to
+    the weight's .grad in place where _grad_in_place allows it."""
+    if os.environ.get("MOK_GRAD_IN_PLACE", "1") == "0" or torch.compiler.is_compiling():
+        return main
+    fields = []
+    for buffer, weight, needed in ((main.w13, w13, needs.w13), (main.w2, w2, needs.w2),
+                                   (main.shared_w13, shared_w13, needs.shared_w13),
+                                   (main.shared_w2, shared_w2, needs.shared_w2)):
+        fields.append(buffer if buffer is not None or not needed else _grad_in_place(weight))
+    return staged_backward.MainGrads(*fields)
 
 
 def _setup_fused_forward(ctx, inputs, output, kept=()):
@@ -330,10 +380,13 @@ def _fused_forward_backward(ctx, douts, kept=None, schedule=None):
     # An output the loss does not use may come back as None.
     douts = [torch.zeros_like(t) if d is None else d for d, t in zip(douts, x)]
     # The virtual world's ranks concatenated: global token order, global experts.
+    main = ctx.main_grads
+    if R == 1:  # (at R > 1 each rank's weights are a slice of the gradient the kernels compute)
+        main = _with_grads_in_place(main, needs, w13[0], w2[0], shared_w13, shared_w2)
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
         needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x],
-        main_grads=ctx.main_grads, schedule=schedule)
+        main_grads=main, schedule=schedule)
     tokens = [t.shape[0] for t in x]
     experts = [t.shape[0] for t in w13]
     result = (_split(grads.dx, tokens, x, need[0]), [None] * R, _split(grads.dweights, tokens, weights, need[2]),

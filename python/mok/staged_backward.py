@@ -94,9 +94,10 @@ def ops_for(device: torch.device) -> BackwardOps:
 
 
 class MainGrads(NamedTuple):
-    """fp32 buffers the weight gradients are added to (gradient accumulation
-    over micro-batches: each sum added once, in call order), None where the
-    gradient is returned instead: w13 [E, 2I, H], w2 [E, H, I], shared_w13
+    """Buffers the weight gradients are added to (gradient accumulation over
+    micro-batches: each sum added once, in call order) -- fp32 main_grads, or
+    bf16 .grads (the sum rounded, then added: weight_grad_mm_acc_) -- None
+    where the gradient is returned instead: w13 [E, 2I, H], w2 [E, H, I], shared_w13
     [2S, H], shared_w2 [H, S]."""
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
@@ -303,8 +304,9 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     weight's gradient is). saved: what the forward's training mode kept (save
     mode: its schedule and pre-activations are used, nothing is recomputed),
     with tokens_per_rank the ranks' token counts (x is their concatenation);
-    None: recompute mode. main_grads: fp32 buffers the weight gradients are
-    added to instead of being returned (their entries in the result are None).
+    None: recompute mode. main_grads: buffers (fp32, or bf16 .grads) the weight
+    gradients are added to instead of being returned (their entries in the
+    result are None).
     schedule: saved_schedule(saved, tokens_per_rank, k) when the caller built
     it already (the autograd does, in the forward); saved's schedule lists
     are then not read.

@@ -159,9 +159,12 @@ def reference_weight_grad_mm(a, b, group_offset, group_rows, num_groups, out_dty
 
 
 def reference_weight_grad_mm_acc_(out, a, b, group_offset, group_rows):
-    """mok.weight_grad_mm_acc_: out[g] += sum over group g's rows of a[r]^T b[r], in place."""
+    """mok.weight_grad_mm_acc_: out[g] += sum over group g's rows of a[r]^T b[r],
+    in place; a bf16 out gets the sum rounded to bf16 first, as torch adds a
+    bf16 gradient to a bf16 .grad (an empty group adds nothing)."""
     for g, (first, end) in enumerate(_group_spans(group_offset, group_rows)):
-        out[g] += a[first:end].float().t() @ b[first:end].float()
+        if end > first:
+            out[g] += (a[first:end].float().t() @ b[first:end].float()).to(out.dtype)
 
 
 def reference_row_combine(rows, row_index, base):

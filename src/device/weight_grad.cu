@@ -49,7 +49,6 @@ void validate_weight_grad(const WeightGradArgs& args) {
   if (args.out != nullptr) device::require_pointer(args.out, "out", 16);
   if (args.out_bf16 != nullptr) {
     device::require_pointer(args.out_bf16, "out_bf16", 16);
-    if (args.accumulate) throw Error("accumulate needs the fp32 out (a bf16 sum would be rounded twice)");
   }
   device::require_pointer(args.group_offset, "group_offset", 4);
   device::require_pointer(args.group_rows, "group_rows", 4);
@@ -99,8 +98,9 @@ void grouped_weight_grad(const WeightGradArgs& args, CUstream_st* stream) {
   if (tasks < ctas) ctas = static_cast<int>(tasks);
 
   const int smem = device::weight_grad_smem_bytes<Cfg>();
-  auto* kernel =
-      args.out_bf16 != nullptr ? device::weight_grad_kernel<Cfg, true> : device::weight_grad_kernel<Cfg, false>;
+  auto* kernel = args.out_bf16 == nullptr ? device::weight_grad_kernel<Cfg, false>
+                 : args.accumulate        ? device::weight_grad_kernel<Cfg, true, true>
+                                          : device::weight_grad_kernel<Cfg, true>;
   MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<ctas, Cfg::kThreads, smem, stream>>>(a_map, b_map, out_map, params);
   MOK_CUDA_CHECK(cudaGetLastError());

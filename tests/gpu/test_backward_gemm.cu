@@ -80,13 +80,19 @@ mok::WeightGradArgs weight_grad_args(const WeightGradProblem& p, const DeviceBuf
   return args;
 }
 
-// The bf16 output, poisoned first.
-std::vector<uint16_t> run_weight_grad_bf16(const WeightGradProblem& p, int max_ctas = 0) {
+// The bf16 output, poisoned first -- or, accumulating, `before` plus the sum.
+std::vector<uint16_t> run_weight_grad_bf16(const WeightGradProblem& p, int max_ctas = 0,
+                                           const std::vector<uint16_t>* before = nullptr) {
   DeviceBuffer<uint16_t> a(p.a), b(p.b), out(p.layout.groups() * p.m * p.n);
   DeviceBuffer<int32_t> offset(p.layout.offset), rows(p.layout.rows);
-  MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, p.layout.groups() * p.m * p.n * 2));
+  if (before != nullptr) {
+    out.upload(*before);
+  } else {
+    MOK_CUDA_CHECK(cudaMemset(out.get(), 0xFF, p.layout.groups() * p.m * p.n * 2));
+  }
   mok::WeightGradArgs args = weight_grad_args(p, a, b, offset, rows);
   args.out_bf16 = out.get();
+  args.accumulate = before != nullptr;
   args.max_ctas = max_ctas;
   mok::grouped_weight_grad(args);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -200,6 +206,40 @@ TEST(WeightGrad, Bf16OutputIsTheFp32SumRoundedOnce) {
   }
 }
 
+// Gradient accumulation into a bf16 buffer (a bf16 weight's .grad): the sum
+// rounded once, then added to the old value and rounded again -- the bits
+// torch gives when it adds the returned bf16 gradient to .grad -- with the
+// addition done by the TMA unit as the tile is stored. An empty group leaves
+// its gradient as it was. Old values span many binades, with signed zeros.
+TEST(WeightGrad, Bf16AccumulateAddsTheRoundedSumAsTorchWould) {
+  MOK_REQUIRE_HOPPER();
+  const WeightGradProblem p = make_weight_grad(awkward_groups(), 192, 320, 12);
+  const size_t count = p.layout.groups() * p.m * p.n;
+  const std::vector<float> fp32 = run_weight_grad(p, poisoned(count), false);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> mantissa(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-24, 8);
+  std::vector<uint16_t> before(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float v = i % 97 == 0 ? (i % 2 ? -0.0f : 0.0f) : std::ldexp(mantissa(rng), exponent(rng));
+    before[i] = mok::float_to_bf16_bits(v);
+  }
+  for (int ctas : {0, 1, 3}) {
+    const std::vector<uint16_t> after = run_weight_grad_bf16(p, ctas, &before);
+    for (size_t i = 0; i < count; ++i) {
+      const bool empty_group = p.layout.rows[i / (p.m * p.n)] == 0;
+      const uint16_t grad = mok::float_to_bf16_bits(fp32[i]);
+      // The sum of two bf16 values is exact in fp32 unless one is below the
+      // other's last bit by far; either way rounding it to bf16 gives the
+      // correctly rounded bf16 sum, as an addition in bf16 does.
+      const uint16_t want = empty_group ? before[i] : mok::float_to_bf16_bits(bf(before[i]) + bf(grad));
+      ASSERT_EQ(after[i], want) << "element " << i << " (old " << bf(before[i]) << ", gradient " << bf(grad)
+                                << "), ctas " << ctas;
+    }
+    ASSERT_EQ(run_weight_grad_bf16(p, ctas, &before), after) << "repeat, ctas " << ctas;
+  }
+}
+
 TEST(WeightGrad, BitwiseRepeatableAndIndependentOfGridAndPlacement) {
   MOK_REQUIRE_HOPPER();
   const WeightGradProblem p = make_weight_grad(awkward_groups(), 256, 512, 4);
@@ -257,7 +297,7 @@ TEST(WeightGrad, RejectsBadArguments) {
   { auto x = good; x.out = nullptr; rejected(x, "no out"); }
   { auto x = good; x.out_bf16 = fake_pointer<uint16_t>(); rejected(x, "both outs"); }
   { auto x = good; x.out = nullptr; x.out_bf16 = fake_pointer<uint16_t>(); EXPECT_NO_THROW(mok::validate_weight_grad(x)); }
-  { auto x = good; x.out = nullptr; x.out_bf16 = fake_pointer<uint16_t>(); x.accumulate = true; rejected(x, "bf16 accumulate"); }
+  { auto x = good; x.out = nullptr; x.out_bf16 = fake_pointer<uint16_t>(); x.accumulate = true; EXPECT_NO_THROW(mok::validate_weight_grad(x)); }
   { auto x = good; x.a = static_cast<const char*>(good.a) + 2; rejected(x, "misaligned a"); }
   { auto x = good; x.m_total = -1; rejected(x, "negative m_total"); }
 }

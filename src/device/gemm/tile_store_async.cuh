@@ -71,8 +71,11 @@ __device__ __forceinline__ bool issues_box_stores() { return threadIdx.x % 128 =
 // every consumer warpgroup must call it (two barriers, id `barrier_id`: both
 // warpgroups' wgmma have read the held stage before either writes into it,
 // and every warp's rows are written before a box is stored).
-// Rounding: bf16_rn of each accumulator, as store_tile_rows.
-template <class Cfg>
+// Rounding: bf16_rn of each accumulator, as store_tile_rows. kAddToOut:
+// each box is added to what out holds (tma_reduce_add_2d: old + the rounded
+// box, rounded once more -- what adding a bf16 tensor to another gives)
+// instead of stored over it.
+template <class Cfg, bool kAddToOut = false>
 __device__ __forceinline__ void store_tile_boxes_async(const float (&acc)[Cfg::kAccRegs], GemmSharedStorage<Cfg>& smem,
                                                        int consumer, const void* out_map, int col0, int row, int n,
                                                        bool rows_in, const HeldStage& held, int barrier_id) {
@@ -121,7 +124,12 @@ __device__ __forceinline__ void store_tile_boxes_async(const float (&acc)[Cfg::k
   if (rows_in && issues_box_stores()) {
 #pragma unroll
     for (int block = 0; block < kBlocks; ++block) {
-      if (col0 + block * 64 < n) tma_store_2d(out_map, box_at(block), col0 + block * 64, row);
+      if (col0 + block * 64 >= n) continue;
+      if constexpr (kAddToOut) {
+        tma_reduce_add_2d(out_map, box_at(block), col0 + block * 64, row);
+      } else {
+        tma_store_2d(out_map, box_at(block), col0 + block * 64, row);
+      }
     }
     bulk_commit();
   }

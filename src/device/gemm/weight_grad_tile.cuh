@@ -277,14 +277,17 @@ __device__ __forceinline__ void store_empty_weight_grad_tile(int consumer, const
 // it (with stores from registers, about an eighth of a DeepSeek-V3 tile's
 // time: docs/perf-notes.md b6). out_map: bf16 {n, groups x m}, box {64, 64};
 // rows past m are not stored (m is a multiple of 64: a warpgroup's rows are
-// all in or all out). The rounding and the bits are store_weight_grad_tile's.
-template <class Cfg>
+// all in or all out). The rounding and the bits are store_weight_grad_tile's;
+// kAccumulate: the rounded tile is added to out's bf16 values by the TMA unit
+// (one more rounding: out + tile, as torch adds one bf16 gradient to another).
+template <class Cfg, bool kAccumulate = false>
 __device__ __forceinline__ void store_weight_grad_tile_async(const float (&acc)[Cfg::kAccRegs],
                                                              GemmSharedStorage<Cfg>& smem, int consumer,
                                                              const WeightGradTile& tile, const void* out_map, int m,
                                                              int n, const HeldStage& held, int barrier_id) {
-  store_tile_boxes_async<Cfg>(acc, smem, consumer, out_map, tile.n0, tile.group * m + tile.m0 + consumer * 64, n,
-                              tile.m0 + consumer * 64 < m, held, barrier_id);
+  store_tile_boxes_async<Cfg, kAccumulate>(acc, smem, consumer, out_map, tile.n0,
+                                           tile.group * m + tile.m0 + consumer * 64, n, tile.m0 + consumer * 64 < m,
+                                           held, barrier_id);
 }
 
 }  // namespace mok::device

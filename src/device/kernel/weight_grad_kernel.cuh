@@ -28,7 +28,7 @@ struct WeightGradParams {
   int num_groups;
   int m;
   int n;
-  int accumulate;  // nonzero: out += the sum
+  int accumulate;  // nonzero: out += the sum (fp32 out; bf16 out: the kernel's kBf16Add)
 };
 
 // Named barriers of this kernel (0 is __syncthreads).
@@ -47,7 +47,10 @@ constexpr int weight_grad_smem_bytes() {
 
 // kBf16: the bf16 output (params.out_bf16), else the fp32 one -- one
 // epilogue per instantiation, so that neither's registers weigh on the other.
-template <class Cfg, bool kBf16>
+// kBf16Add (with kBf16): each tile's rounded sum added to out_bf16 (gradient
+// accumulation), an empty group's left as it is; its own instantiation too
+// (a runtime switch made ptxas spill the plain bf16 kernel's accumulators).
+template <class Cfg, bool kBf16, bool kBf16Add = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     weight_grad_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                        const __grid_constant__ CUtensorMap out_map, const WeightGradParams params) {
@@ -89,10 +92,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mma_weight_grad_tile<Cfg>(smem, ring, consumer, tile, acc, kBarrierWeightGradClear, held, kBf16);
       const int64_t first = static_cast<int64_t>(tile.group) * params.m * params.n;
       if (kBf16 && held.stage >= 0) {  // a tile with rows: its writes overlap the next tile's K loop
-        store_weight_grad_tile_async<Cfg>(acc, smem, consumer, tile, &out_map, params.m, params.n, held,
-                                          kBarrierWeightGradClear);
+        store_weight_grad_tile_async<Cfg, kBf16Add>(acc, smem, consumer, tile, &out_map, params.m, params.n, held,
+                                                    kBarrierWeightGradClear);
       } else if (kBf16) {
-        store_empty_weight_grad_tile<Cfg>(consumer, tile, params.out_bf16 + first, params.m, params.n);
+        // An empty group's gradient is zeros; accumulating, it adds nothing.
+        if constexpr (!kBf16Add) {
+          store_empty_weight_grad_tile<Cfg>(consumer, tile, params.out_bf16 + first, params.m, params.n);
+        }
       } else {
         store_weight_grad_tile<Cfg>(acc, smem, consumer, tile, params.out + first, params.m, params.n,
                                     params.accumulate != 0);

@@ -31,6 +31,17 @@ __device__ __forceinline__ void tma_store_2d(const void* tensor_map, const void*
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coords, smem_src);
 }
 
+// The same box added into global memory instead of stored over it
+// (cp.reduce.async.bulk.tensor .add; the element type is the map's): each
+// element becomes old + box, rounded to that type, an atomic addition at L2.
+// As tma_store_2d: part of the current bulk group, edges not written.
+__device__ __forceinline__ void tma_reduce_add_2d(const void* tensor_map, const void* smem_src, int32_t c0,
+                                                  int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_reduce_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                         tensor_map, coords, smem_src);
+}
+
 // Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned start) of
 // global memory, without waiting and without a barrier: a hint, so reads
 // issued later hit L2 instead of waiting on DRAM. CCCL 13.0's cuda::ptx has
