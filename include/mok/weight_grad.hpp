@@ -20,9 +20,10 @@
 // Determinism: each output element is one fp32 accumulator chain over its
 // group's rows in order, in 64-row blocks from the group's first row (wgmma
 // k16 steps inside a block), then -- when accumulating -- one addition to the
-// old value (bf16 out: of the rounded sum, by the TMA unit at L2; each
-// element gets one such addition per call, so the order question never arises). The bits depend only on the group's rows, never on where the
-// group sits in a, on the other groups or on the grid size.
+// old value (bf16 out: of the rounded sum, by the TMA unit at L2; one such
+// addition per element and call, so no order of additions to fix). The bits
+// depend only on the group's rows, never on where the group sits in a, on the
+// other groups or on the grid size.
 //
 // Supported sizes: m and n multiples of 64 (>= 64), G >= 1, G * m * n below
 // 2^32 elements in fewer than 2^31 tiles; a, b and out 16-byte aligned, the
