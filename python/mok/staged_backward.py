@@ -97,8 +97,8 @@ class MainGrads(NamedTuple):
     """Buffers the weight gradients are added to (gradient accumulation over
     micro-batches: each sum added once, in call order) -- fp32 main_grads, or
     bf16 .grads (the sum rounded, then added: weight_grad_mm_acc_) -- None
-    where the gradient is returned instead: w13 [E, 2I, H], w2 [E, H, I], shared_w13
-    [2S, H], shared_w2 [H, S]."""
+    where the gradient is returned instead: w13 [E, 2I, H], w2 [E, H, I],
+    shared_w13 [2S, H], shared_w2 [H, S]."""
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
     shared_w13: torch.Tensor | None = None
