@@ -74,6 +74,24 @@ __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps
   }
 }
 
+// Producer, accumulating bf16 kernel: the tile's old output values brought
+// into L2 when its loads begin, a tile's K loop before its TMA additions read
+// them. Straight from DRAM those additions (read, add, write at L2) take
+// long enough that the stage the store reads from is handed back late and
+// the next tile's K loop runs a stage short. Only a hint: no bit depends on
+// it. out_map: bf16 {n, groups x m}, box {64, 64}; rows past m (m is a
+// multiple of 64) are left out, columns past n are the map's edge.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_weight_grad_out_tile(const void* out_map, const WeightGradTile& tile, int m) {
+  if (tile.rows == 0) return;  // an empty group's tile is not added to
+#pragma unroll
+  for (int r = 0; r < Cfg::kBlockM; r += 64) {
+    if (tile.m0 + r >= m) break;
+#pragma unroll
+    for (int c = 0; c < Cfg::kBlockN; c += 64) tma_prefetch_l2_2d(out_map, tile.n0 + c, tile.group * m + tile.m0 + r);
+  }
+}
+
 // Consumer warpgroup `consumer` clears rows [valid, end) of its share of
 // the stage's boxes (box i goes to consumer i mod warpgroups; the A boxes
 // come first). Swizzling permutes 16-byte chunks inside a 128-byte row, so a

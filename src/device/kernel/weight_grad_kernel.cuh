@@ -81,7 +81,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       const GemmTensorMaps maps{&a_map, &b_map};
-      while (walker.next(tile)) load_weight_grad_tile<Cfg>(maps, smem, ring, tile);
+      while (walker.next(tile)) {
+        if constexpr (kBf16Add) prefetch_weight_grad_out_tile<Cfg>(&out_map, tile, params.m);
+        load_weight_grad_tile<Cfg>(maps, smem, ring, tile);
+      }
     }
   } else {
     wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -50,6 +50,15 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* gmem_src, uint32_t 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem_src), "r"(bytes) : "memory");
 }
 
+// Asks L2 to fetch a box of a tensor (its map's box at element coordinates
+// {c0, c1}), as bulk_prefetch_l2 does for a range: a hint, nothing waits for
+// it; elements past the tensor's edges are not fetched.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tensor_map, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(tensor_map), "r"(c0),
+               "r"(c1)
+               : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Until at most N committed groups still read their shared source.
