@@ -76,11 +76,12 @@ __device__ __forceinline__ void load_weight_grad_tile(const GemmTensorMaps& maps
 
 // Producer, accumulating bf16 kernel: the tile's old output values brought
 // into L2 when its loads begin, a tile's K loop before its TMA additions read
-// them. Straight from DRAM those additions (read, add, write at L2) take
-// long enough that the stage the store reads from is handed back late and
-// the next tile's K loop runs a stage short. Only a hint: no bit depends on
-// it. out_map: bf16 {n, groups x m}, box {64, 64}; rows past m (m is a
-// multiple of 64) are left out, columns past n are the map's edge.
+// them, so that the additions (read, add, write at L2) do not wait on DRAM
+// while the stage they store from is held. Measured on the DeepSeek-V3
+// slice, the addition's cost over a plain store fell from ~3% to ~2.4%
+// (dW13) and ~0.5% (dW2) (docs/perf-notes.md v24). Only a hint: no bit
+// depends on it. out_map: bf16 {n, groups x m}, box {64, 64}; rows past m
+// (m is a multiple of 64) are left out, columns past n are the map's edge.
 template <class Cfg>
 __device__ __forceinline__ void prefetch_weight_grad_out_tile(const void* out_map, const WeightGradTile& tile, int m) {
   if (tile.rows == 0) return;  // an empty group's tile is not added to

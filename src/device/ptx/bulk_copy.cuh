@@ -52,7 +52,8 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* gmem_src, uint32_t 
 
 // Asks L2 to fetch a box of a tensor (its map's box at element coordinates
 // {c0, c1}), as bulk_prefetch_l2 does for a range: a hint, nothing waits for
-// it; elements past the tensor's edges are not fetched.
+// it; elements past the tensor's edges are not fetched. (Inline PTX: CCCL
+// 13.0's cuda::ptx has no cp.async.bulk.prefetch.tensor either.)
 __device__ __forceinline__ void tma_prefetch_l2_2d(const void* tensor_map, int32_t c0, int32_t c1) {
   asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(tensor_map), "r"(c0),
                "r"(c1)
