@@ -9,12 +9,16 @@
 // the SM's dense rate). A kernel's K loop that takes longer than its pattern
 // here loses the rest to memory (the TMA's writes, L2, the stage waits).
 //
-//   mok_wgmma_bench [--stages N] [--reps R] [--one-warpgroup] [--feed]
+//   mok_wgmma_bench [--stages N] [--reps R] [--one-warpgroup] [--feed] [--ctas N] [--only TEXT]
 //
 // --one-warpgroup: warpgroup 1 only forwards the stages, so each pattern's
 // cycles are one warpgroup's (512 cycles of tensor work a stage).
 // --feed: each stage's 48 KB is brought by bulk copies from an L2-resident
 // buffer, so the loop also pays a real loop's shared-memory writes.
+// --ctas N: N CTAs instead of one per SM (with --feed, fewer CTAs share the
+// L2's bandwidth: a loop bound by it gets faster, one bound by its own SM's
+// shared-memory writes does not). --only TEXT: the patterns whose name
+// contains TEXT (and no late-start rows unless fp8-wide is among them).
 // Without either, a second table follows: the weight gradient's short-K
 // tiles, their drain and their epilogue (wgmma_bench_weight_grad.cu).
 //
@@ -69,9 +73,15 @@ static_assert(sizeof(GemmSharedStorage<WideCfg>) == sizeof(GemmSharedStorage<Bf1
 constexpr int kStages = WideCfg::kStages;
 constexpr int kConsumerWarps = 8;
 
+// fp8-wide reads one B-scale pair per stage from a table in shared memory,
+// as the fused kernel reads a task's (TileBScalePairs): one pair per stage of
+// the whole run, so --stages is at most kMaxBenchStages.
+constexpr int kMaxBenchStages = 4096;
+
 struct BenchSmem {
   GemmSharedStorage<WideCfg> storage;
   StageScaleSlots<kStages, 128> a_scales;
+  alignas(16) uint8_t b_pairs[kMaxBenchStages][2];
 };
 
 enum class Pattern {
@@ -186,8 +196,8 @@ __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages
     auto release = [&](int s) {
       if (releaser) ring.consumer_release(s);
     };
-    mma_fp8_wide_tile<WideCfg>(smem.storage, ring, consumer, acc, scales, a_slots, row, 0, stages, release,
-                               TrapOnStall{});
+    mma_fp8_wide_tile<WideCfg>(smem.storage, ring, consumer, acc, scales, a_slots, row,
+                               static_cast<uint32_t>(__cvta_generic_to_shared(&smem.b_pairs)), release, TrapOnStall{});
     for (int i = 0; i < 128; ++i) sum += acc[i];
   } else {
     constexpr int kCols = P == Pattern::kProbeEighths ? 32 : 64;
@@ -219,6 +229,7 @@ __global__ void __launch_bounds__(WideCfg::kThreads, 1)
   fill_finite_words(reinterpret_cast<uint32_t*>(&smem.storage.stages[0]),
                     static_cast<int>(sizeof(smem.storage.stages) / 4), 0x3b3b3b3bu);
   for (int i = threadIdx.x; i < kStages * 128; i += blockDim.x) (&smem.a_scales.rows[0][0])[i] = 127;
+  for (int i = threadIdx.x; i < kMaxBenchStages * 2; i += blockDim.x) (&smem.b_pairs[0][0])[i] = 127;
   if (threadIdx.x == 0) StageRing<kStages>::init(smem.storage.full, smem.storage.empty, kConsumerWarps);
   fence_proxy_async_shared();
   __syncthreads();
@@ -276,8 +287,9 @@ int parse_int(const char* text, const char* option) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int stages = 4096, reps = 3;
+  int stages = 4096, reps = 3, ctas = 0;
   bool one_warpgroup = false, feed_stages = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--stages" && i + 1 < argc) {
@@ -288,8 +300,14 @@ int main(int argc, char** argv) {
       one_warpgroup = true;
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = parse_int(argv[++i], "--reps");
+    } else if (arg == "--ctas" && i + 1 < argc) {
+      ctas = parse_int(argv[++i], "--ctas");
+    } else if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: mok_wgmma_bench [--stages N] [--reps R] [--one-warpgroup] [--feed]\n");
+      std::fprintf(stderr,
+                   "usage: mok_wgmma_bench [--stages N] [--reps R] [--one-warpgroup] [--feed] [--ctas N] "
+                   "[--only TEXT]\n");
       return arg == "--help" || arg == "-h" ? 0 : 2;
     }
   }
@@ -297,6 +315,12 @@ int main(int argc, char** argv) {
   MOK_CUDA_CHECK(cudaGetDevice(&device));
   MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MOK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (stages > kMaxBenchStages) {
+    std::fprintf(stderr, "mok_wgmma_bench: --stages is at most %d (fp8-wide's B-scale table holds a pair per stage)\n",
+                 kMaxBenchStages);
+    return 2;
+  }
+  const int grid = ctas > 0 ? ctas : sms;  // one CTA per SM fits (a CTA takes most of an SM's shared memory)
   if (major != 9) {
     std::fprintf(stderr, "mok_wgmma_bench: needs a Hopper GPU (sm_90a)\n");
     return 1;
@@ -330,30 +354,33 @@ int main(int argc, char** argv) {
   float* sink = nullptr;
   MOK_CUDA_CHECK(cudaMalloc(&b_scales, 2 * static_cast<size_t>(stages)));
   MOK_CUDA_CHECK(cudaMemset(b_scales, 127, 2 * static_cast<size_t>(stages)));
-  MOK_CUDA_CHECK(cudaMalloc(&cycles, sizeof(long long) * 2 * sms));
+  MOK_CUDA_CHECK(cudaMalloc(&cycles, sizeof(long long) * 2 * grid));
   MOK_CUDA_CHECK(cudaMalloc(&sink, sizeof(float)));
   cudaEvent_t start, stop;
   MOK_CUDA_CHECK(cudaEventCreate(&start));
   MOK_CUDA_CHECK(cudaEventCreate(&stop));
   std::printf("mok_wgmma_bench: %d CTAs, %d stages each, %zu B of shared memory, %s%s; %d cycles of tensor work "
               "a stage\n",
-              sms, stages, smem_bytes, one_warpgroup ? "warpgroup 0 alone" : "two warpgroups",
+              grid, stages, smem_bytes, one_warpgroup ? "warpgroup 0 alone" : "two warpgroups",
               feed_stages ? ", stages fed from L2" : "", one_warpgroup ? 512 : 1024);
   std::printf("%-22s %5s %14s %14s %10s %10s\n", "pattern", "rep", "cycles/stage", "(min..max)", "tensor %", "ms");
+  bool wide_ran = false;
   for (const Named& p : patterns) {
+    if (!only.empty() && std::string(p.name).find(only) == std::string::npos) continue;
+    wide_ran = wide_ran || std::string(p.name) == "fp8-wide";
     MOK_CUDA_CHECK(cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_bytes)));
     for (int rep = 0; rep < reps; ++rep) {
-      MOK_CUDA_CHECK(cudaMemset(cycles, 0, sizeof(long long) * 2 * sms));
+      MOK_CUDA_CHECK(cudaMemset(cycles, 0, sizeof(long long) * 2 * grid));
       MOK_CUDA_CHECK(cudaEventRecord(start));
-      p.kernel<<<sms, WideCfg::kThreads, smem_bytes>>>(stages, b_scales, feed, cycles, sink);
+      p.kernel<<<grid, WideCfg::kThreads, smem_bytes>>>(stages, b_scales, feed, cycles, sink);
       MOK_CUDA_CHECK(cudaGetLastError());
       MOK_CUDA_CHECK(cudaEventRecord(stop));
       MOK_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0.f;
       MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       // With --one-warpgroup, warpgroup 1 only forwards the stages.
-      const std::vector<double> per_stage = mok::tools::read_spans(cycles, sms, one_warpgroup ? 0 : -1, stages);
+      const std::vector<double> per_stage = mok::tools::read_spans(cycles, grid, one_warpgroup ? 0 : -1, stages);
       const double median = mok::tools::median_of(per_stage);
       std::printf("%-22s %5d %14.1f %6.1f..%-7.1f %9.1f%% %10.3f\n", p.name, rep, median, per_stage.front(),
                   per_stage.back(), 100.0 * (one_warpgroup ? 512.0 : 1024.0) / median, ms);
@@ -362,23 +389,23 @@ int main(int argc, char** argv) {
   // Warpgroup 1 started late: do the two warpgroups' stage boundaries and
   // promotions stay apart once apart?
   for (const int delay : {0, 335, 670}) {
-    if (one_warpgroup) break;
+    if (one_warpgroup || (!only.empty() && !wide_ran)) break;
     MOK_CUDA_CHECK(cudaMemcpyToSymbol(c_start_delay, &delay, sizeof(int)));
-    MOK_CUDA_CHECK(cudaMemset(cycles, 0, sizeof(long long) * 2 * sms));
+    MOK_CUDA_CHECK(cudaMemset(cycles, 0, sizeof(long long) * 2 * grid));
     wgmma_pattern_kernel<Pattern::kFp8Wide>
-        <<<sms, WideCfg::kThreads, smem_bytes>>>(stages, b_scales, feed, cycles, sink);
+        <<<grid, WideCfg::kThreads, smem_bytes>>>(stages, b_scales, feed, cycles, sink);
     MOK_CUDA_CHECK(cudaGetLastError());
     MOK_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("fp8-wide, warpgroup 1 %4d cycles late: cycles/stage %.1f (warpgroup 0) %.1f (warpgroup 1, from "
                 "its start)\n",
-                delay, mok::tools::median_of(mok::tools::read_spans(cycles, sms, 0, stages)),
-                mok::tools::median_of(mok::tools::read_spans(cycles, sms, 1, stages)));
+                delay, mok::tools::median_of(mok::tools::read_spans(cycles, grid, 0, stages)),
+                mok::tools::median_of(mok::tools::read_spans(cycles, grid, 1, stages)));
   }
   MOK_CUDA_CHECK(cudaEventDestroy(start));
   MOK_CUDA_CHECK(cudaEventDestroy(stop));
   MOK_CUDA_CHECK(cudaFree(b_scales));
   MOK_CUDA_CHECK(cudaFree(feed));
-  if (!one_warpgroup && !feed_stages) mok::tools::run_weight_grad_patterns(sms, 64, 16, reps);
+  if (!one_warpgroup && !feed_stages && only.empty() && ctas == 0) mok::tools::run_weight_grad_patterns(sms, 64, 16, reps);
   MOK_CUDA_CHECK(cudaFree(cycles));
   MOK_CUDA_CHECK(cudaFree(sink));
   return 0;

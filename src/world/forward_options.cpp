@@ -60,6 +60,10 @@ void require_fp8_shape(const LayerConfig& config) {
 void require_kernel_limits(const LayerConfig& config, const KernelFacts& kernel) {
   if (config.dtype == DType::kFP8E4M3) {
     require_fp8_shape(config);
+    // The down GEMM's K (hidden is bounded below, by the copy slots).
+    require(config.intermediate <= kernel.max_fp8_k, "intermediate", config.intermediate,
+            ("the FP8 forward supports intermediate <= " + std::to_string(kernel.max_fp8_k) +
+             " (a tile's weight scales are staged in shared memory, one pair per 128 of K)").c_str());
   } else {
     plan::require_implemented_dtype(config, "the fused forward");
   }

@@ -27,6 +27,7 @@ KernelFacts fused_kernel_facts(DType dtype) {
   f.schedule_warps_per_cta = device::kScheduleWarpsPerCta;
   f.max_top_k = device::kMaxTopK;
   f.max_hidden = static_cast<int>(device::kCopySlotBytes / sizeof(uint16_t));
+  f.max_fp8_k = device::kMaxFp8KBlocks * 128;
   f.max_local_experts = device::kMaxScheduleExperts;
   f.tensor_maps = device::kNumMaps;
   f.tensor_map_bytes = sizeof(CUtensorMap);

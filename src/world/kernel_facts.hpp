@@ -17,6 +17,7 @@ struct KernelFacts {
   int schedule_warps_per_cta = 0;  // warps of a dispatch CTA that build the schedule
   int max_top_k = 0;               // the combine holds a token's top_k weights in registers
   int max_hidden = 0;              // widest x row a dispatch copy slot holds (bf16 elements)
+  int max_fp8_k = 0;               // deepest K of an FP8 tile: its B scales are staged in shared memory
   int max_local_experts = 0;       // local experts the in-kernel schedule counts in shared memory
   int tensor_maps = 0;             // TMA tensor maps per rank
   size_t tensor_map_bytes = 0;     // sizeof(CUtensorMap)

@@ -14,6 +14,7 @@ inline world::KernelFacts hopper_kernel_facts() {
   k.schedule_warps_per_cta = 12;
   k.max_top_k = 16;
   k.max_hidden = 8192;
+  k.max_fp8_k = 32768;
   k.max_local_experts = 1024;
   k.tensor_maps = 8;
   k.tensor_map_bytes = 128;

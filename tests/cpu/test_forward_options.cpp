@@ -134,6 +134,11 @@ TEST(ForwardOptions, Fp8LayersGetTheFp8ForwardsShapeRules) {
   narrow = fp8;
   narrow.intermediate = 192;
   expect_fp8_refused(narrow, {}, {"intermediate = 192", "multiple of 128 for fp8"});
+  auto deep = fp8;  // a down GEMM deeper than the shared-memory table of weight scales
+  deep.intermediate = 32768 + 128;
+  expect_fp8_refused(deep, {}, {"intermediate = 32896", "intermediate <= 32768"});
+  deep.intermediate = 32768;
+  EXPECT_NO_THROW(resolve_fp8(deep, {}));
   // The shared expert stays bf16: its width follows the bf16 rules (multiples of 64).
   auto shared = fp8;
   shared.shared_intermediate = 192;

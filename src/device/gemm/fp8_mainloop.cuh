@@ -106,14 +106,15 @@ __device__ __forceinline__ void issue_fp8_stage(float (&part)[kRegs], uint64_t d
 // forward's producer copies them into a slot per stage), read from shared
 // memory once the stage is taken: rows `a_row` and `a_row` + 8 of the tile
 // (a tile past the ring's rows cannot occur: see RingScaleStageCopy).
-// B's, of weights written before the launch, are loaded a stage ahead
-// through the non-coherent cache. `b_half0` / `b_half1`: the halves' B
-// scale rows (offsets, times k_blocks). `a_slots`: the slots' shared-window
-// address.
+// B's from the tile's table in shared memory (TileBScalePairs, at shared
+// address `b_pairs`, one pair per k-block), a stage ahead. No global load
+// is left in the loop: one there let ptxas move the wait for a stage's last
+// quarter above the promotion of the quarter before (fp8_stage_scales.cuh).
+// `a_slots`: the A-scale slots' shared-window address.
 template <class Cfg, class Release, class OnStall>
 __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                                   int consumer, float (&acc)[Cfg::kAccRegs], const Fp8Scales& scales,
-                                                  uint32_t a_slots, int a_row, int32_t b_half0, int32_t b_half1,
+                                                  uint32_t a_slots, int a_row, uint32_t b_pairs,
                                                   const Release& release, const OnStall& on_stall) {
   static_assert(Cfg::kAccRegs == 128, "four 32-register quarters a warpgroup");
   constexpr int kQuarter = 32;
@@ -124,7 +125,8 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     float half0, half1;
   };
   auto load_b_scales = [&](int kb) {
-    return BScales{ue8m0_value(__ldg(scales.b + b_half0 + kb)), ue8m0_value(__ldg(scales.b + b_half1 + kb))};
+    const uint32_t pair = tile_b_scale_pair(b_pairs, kb);
+    return BScales{ue8m0_value(pair & 0xffu), ue8m0_value(pair >> 8)};
   };
   // Each product of two powers of two: exact.
   auto stage_scales = [&](int held, const BScales& sb) {
@@ -192,7 +194,7 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);
   const int k_blocks = scales.k_blocks;  // >= 1: K >= 128 is a layer rule (forward_options.cpp)
-  // B's scales one stage ahead (their latency off the promotion's path); A's
+  // B's scales one stage ahead; A's
   // from the stage once it is taken, beside its first quarter's issue: no
   // instruction between the stage wait and that wgmma waits for them (the
   // shared loads' latency passes under the previous stage's last promotion).
@@ -231,6 +233,24 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   promote(part_odd, std::integral_constant<int, 3>{}, sc);
 }
 
+// The wide tile's two B-scale rows (offsets into Fp8Scales::b, k_blocks
+// bytes each): a gate/up tile's gate block (weight rows n0 ..) and up block
+// (rows up_rows + n0 ..), a plain tile's blocks n0 / 128 and the next. What
+// the row resolver stages into the task's TileBScalePairs.
+struct Fp8BScaleRows {
+  int32_t half0, half1;
+};
+template <class Cfg>
+__device__ __forceinline__ Fp8BScaleRows fp8_wide_b_scale_rows(const Fp8Scales& scales, const GemmTile& tile) {
+  static_assert(Cfg::kElement == ElementType::kE4M3 && !Cfg::kSplitN && Cfg::kBlockN == 256 && Cfg::kBlockM == 128,
+                "the wide FP8 tile");
+  const int32_t group = tile.group * scales.n_blocks;
+  const int32_t half0 = (group + tile.n0 / 128) * scales.k_blocks;
+  const int32_t half1 =
+      Cfg::kGateUp ? (group + (scales.up_rows + tile.n0) / 128) * scales.k_blocks : half0 + scales.k_blocks;
+  return {half0, half1};
+}
+
 // Consumer warpgroup `consumer`: acc = its 64 rows of the tile over the whole
 // K, promoted stage by stage. Rows at or past m_total are zeros (never stored).
 // kAScalesInStage: A's scales come with the stages, in the slots at shared
@@ -238,6 +258,9 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
 // wide tiles, whose A scales other SMs write during the kernel (its rings).
 // Otherwise (the grouped GEMM's tiles) they are the caller's row-major
 // array, written before the launch and read through the non-coherent cache.
+// The wide tile reads B's scales from the table at shared address `b_pairs`
+// (the task's TileBScalePairs, staged from fp8_wide_b_scale_rows); the
+// others from the caller's array.
 // kPartials: 2 (below), or 1 where the registers for a second partial sum
 // are not there (the fused forward's consumers hold more state than the
 // grouped GEMM's: with two, ptxas spilled ~7 KB per thread there). The
@@ -246,7 +269,7 @@ template <class Cfg, bool kAScalesInStage = false, int kPartials = 2, class OnSt
 __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, StageRing<Cfg::kStages>& ring,
                                              int consumer, const GemmTile& tile, const Fp8Scales& scales,
                                              float (&acc)[Cfg::kAccRegs], const OnStall& on_stall = {},
-                                             uint32_t a_slots = 0) {
+                                             uint32_t a_slots = 0, uint32_t b_pairs = 0) {
   // A warpgroup's wgmma is m64n128k32: 128 weight rows, one 128 x 128 B
   // scale block per stage (a split-N tile's warpgroups take 128 rows each:
   // warpgroup c the stage's B rows 128 c .. 128 c + 127).
@@ -272,7 +295,8 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
   // TMA's zero fill, so any finite scale gives them zeros.
   const int32_t a_top = min(row, scales.m_total - 1) * scales.k_blocks;
   const int32_t a_low = min(row + 8, scales.m_total - 1) * scales.k_blocks;
-  // B's scale rows: the tile's one 128-row block; a SwiGLU tile's gate half
+  // B's scale rows (the tiles other than the wide one, which reads its
+  // table): the tile's one 128-row block; a SwiGLU tile's gate half
   // (rows n0 ..) and up half (rows up_rows + n0 ..) are 64 rows each, each
   // inside one block, with a scale each. A split-N tile's warpgroups read
   // one block each: the gate/up tile's warpgroup 0 the gate block and 1 the
@@ -295,8 +319,7 @@ __device__ __forceinline__ void mma_fp8_tile(GemmSharedStorage<Cfg>& smem, Stage
     if constexpr (Cfg::kClusterN == 2) mbarrier_arrive_peer(&ring.empty[s], cluster_rank() ^ 1u);
   };
   if constexpr (kWide) {
-    mma_fp8_wide_tile<Cfg>(smem, ring, consumer, acc, scales, a_slots, row - tile.row0, b_gate,
-                           Cfg::kGateUp ? b_up : b_gate + scales.k_blocks, release, on_stall);
+    mma_fp8_wide_tile<Cfg>(smem, ring, consumer, acc, scales, a_slots, row - tile.row0, b_pairs, release, on_stall);
   } else {
     // Issues the next stage's wgmma into `part` (one committed group); returns
     // the stage it reads, to be handed back once that group has retired.

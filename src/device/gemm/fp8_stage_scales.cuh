@@ -55,6 +55,43 @@ struct RingScaleStageCopy {
   }
 };
 
+// A tile's B scales in shared memory (the fused FP8 forward): the pair of
+// ue8m0 bytes of its two 128-row weight blocks ("halves": a gate/up tile's
+// gate and up blocks, a plain tile's two neighbouring ones) for each 128-deep
+// k-block, [kb][half]. The GEMM CTA's row-resolver warp writes a task's table
+// when the producer posts the task, a ring's depth of stages before the
+// consumers reach it (roles/fp8_task_scales.cuh); the consumers read one pair
+// a stage with a 16-bit shared load. They read them from L2 before, a stage
+// ahead through __ldg: ptxas sank that load to the stage boundary and,
+// ordered behind the wait for the stage's last quarter, moved the wait above
+// the promotion of the quarter before, which then ran with no tensor work of
+// its warpgroup in flight (docs/perf-notes.md v25). The same bytes multiply
+// the same partial sums: the same bits.
+inline constexpr int kMaxFp8KBlocks = 256;  // K <= 32768 (forward_options.cpp refuses more)
+
+struct TileBScalePairs {
+  alignas(16) uint8_t pairs[kMaxFp8KBlocks][2];
+};
+
+// One warp (every lane): the tile's two B-scale rows, `k_blocks` bytes each
+// at offsets `half0` and `half1` of `b` (weights' scales, written before the
+// launch: read through the non-coherent cache), into `table`. The caller
+// orders these stores before the table's readers (__syncwarp, then an
+// mbarrier arrival that they wait on).
+__device__ __forceinline__ void stage_tile_b_scales(TileBScalePairs& table, const uint8_t* b, int32_t half0,
+                                                    int32_t half1, int k_blocks, int lane) {
+  for (int i = lane; i < 2 * k_blocks; i += 32) {
+    const int kb = i >> 1, half = i & 1;
+    table.pairs[kb][half] = __ldg(b + (half ? half1 : half0) + kb);
+  }
+}
+
+// k-block kb's pair from the table at shared address `table`: half 0 in bits
+// 0-7, half 1 in bits 8-15.
+__device__ __forceinline__ uint32_t tile_b_scale_pair(uint32_t table, int kb) {
+  return ld_shared_u16(table + static_cast<uint32_t>(2 * kb));
+}
+
 // A consumer thread's A scale byte at row `row` of the tile, in stage
 // `stage`: only after that stage's full barrier wait (ld_shared_u8 keeps
 // program order), and before the stage is released.

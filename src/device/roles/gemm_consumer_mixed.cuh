@@ -1,7 +1,7 @@
 // The GEMM CTA's consumer warpgroups for a pass whose kinds run different
 // mainloops: the FP8 forward (protocol/pass_forward_fp8.hpp), whose shared
 // expert runs the bf16 128 x 256 tiles and whose routed kinds run
-// block-scaled FP8 64 x 256 split-N tiles (gemm/fp8_mainloop.cuh). The same
+// block-scaled FP8 128 x 256 wide tiles (gemm/fp8_mainloop.cuh). The same
 // queues and hand-offs as gemm_consumer.cuh, which the single-mainloop
 // passes keep (so their code is unchanged); here each kind declares its own
 // accumulators inside its branch, so that the registers of one kind's
@@ -13,36 +13,10 @@
 
 #include "device/gemm/fp8_mainloop.cuh"
 #include "device/gemm/tile_epilogue_swiglu_quantize.cuh"
+#include "device/roles/fp8_task_scales.cuh"
 #include "device/roles/gemm_consumer.cuh"
 
 namespace mok::device {
-
-// The scales of a FP8 kind's operands in its rank: B's, of the rank's
-// experts' weights. A's rows are ring rows (x for gate/up, h for down), whose
-// scales the producer copies into the stages (gemm_producer.cuh,
-// ring_scale_copy): the consumers read them there, never from the ring.
-template <class Spec, class Ctx>
-__device__ __forceinline__ Fp8Scales fp8_scales_of(const Ctx& ctx) {
-  const Fp8RankOperands& q = ctx.params.fp8[ctx.rank];
-  const protocol::PassShape s = ctx.shape();
-  const int32_t k = protocol::dim_of(s, Spec::value.k);
-  Fp8Scales f;
-  f.k_blocks = k / 128;
-  f.a = nullptr;
-  f.m_total = ctx.params.ring_slots * ctx.params.minibatch_rows;
-  if constexpr (Spec::value.a == protocol::Tensor::kRingX) {
-    static_assert(Spec::value.b == protocol::Tensor::kW13);
-    f.b = q.w13_scales;
-    f.n_blocks = 2 * s.intermediate / 128;
-    f.up_rows = s.intermediate;
-  } else {
-    static_assert(Spec::value.a == protocol::Tensor::kRingH && Spec::value.b == protocol::Tensor::kW2);
-    f.b = q.w2_scales;
-    f.n_blocks = s.hidden / 128;
-    f.up_rows = 0;
-  }
-  return f;
-}
 
 template <class Ctx>
 __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& smem, int consumer) {
@@ -87,13 +61,11 @@ __device__ __forceinline__ void gemm_consumer_mixed(Ctx& ctx, FusedGemmShared& s
         skip_tile<Cfg>(ring, k / Cfg::kBlockK, on_stall);
       } else {
         if constexpr (Cfg::kElement == ElementType::kE4M3) {
-          GemmTile tile;
-          tile.group = task.expert;
-          tile.row0 = task.row0;
-          tile.row_end = task.row0 + task.real_rows;
-          tile.n0 = task.n_tile * Cfg::kOutCols;
-          mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, tile, fp8_scales_of<Spec>(ctx), acc, on_stall,
-                                     shared_address(&smem.a_scales));
+          // B's scales: the slot's table, once the row resolver has staged it.
+          mbarrier_wait_parity(&smem.rows_ready[task_slot], task_phase, on_stall);
+          mma_fp8_tile<Cfg, true, 1>(storage, ring, consumer, fp8_tile_of<Cfg>(task), fp8_scales_of<Spec>(ctx), acc,
+                                     on_stall, shared_address(&smem.a_scales),
+                                     shared_address(&smem.b_scales[task_slot]));
         } else {
           // acc defined before its wgmma chain starts (their first overwrites
           // it, so the values do not matter): left undefined here, ptxas found

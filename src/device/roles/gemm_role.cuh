@@ -129,10 +129,12 @@ struct FusedGemmShared {
   // Trace stamps of the consumers' current task (kept here, not in registers,
   // which the accumulators need).
   TraceStamp trace_task_begin, trace_mainloop_end, trace_stores_end;
-  // The FP8 forward's A scales, a slot per stage, filled with the stage
-  // (gemm/fp8_stage_scales.cuh); unused by the bf16 passes. Last, so that
-  // nothing before it moves.
+  // The FP8 forward's scales (gemm/fp8_stage_scales.cuh), unused by the bf16
+  // passes; last, so that nothing before them moves. A's, a slot per stage,
+  // filled with the stage; B's, a table per task slot, filled by the row
+  // resolver before its rows_ready arrival (roles/fp8_task_scales.cuh).
   StageScaleSlots<kFusedStages, FusedGemmCfg::kBlockM> a_scales;
+  TileBScalePairs b_scales[kTaskSlots];
 };
 
 // The base of a task's output tensor in its rank's view, and its rows.

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "device/roles/fp8_task_scales.cuh"
 #include "device/roles/gemm_role.cuh"
 
 namespace mok::device {
@@ -11,8 +12,13 @@ namespace mok::device {
 // producer posts whose rows go to home ranks (the forward's down tasks),
 // looks up where each of its rows goes -- the home rank's row of that
 // (token, slot) -- while the consumers run the mainloop, so their epilogue
-// does not wait on those loads. Every task gets a rows_ready arrival, so the
-// consumers' phases stay in step.
+// does not wait on those loads; and for each task of the FP8 forward's
+// routed kinds, stages the tile's B scales into the slot's table, which the
+// consumers read from their K loop's first stage on (fp8_task_scales.cuh).
+// Every task gets a rows_ready arrival, so the consumers' phases stay in
+// step. The producer posts a task when it starts loading its stages, a
+// ring's depth ahead of the consumers, so neither wait finds it late but at
+// a pass's first tasks.
 template <class Ctx>
 __device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& smem) {
   using Pass = typename Ctx::Pass;
@@ -42,6 +48,7 @@ __device__ __forceinline__ void gemm_row_resolver(Ctx& ctx, FusedGemmShared& sme
         }
       }
     }
+    stage_fp8_task_b_scales(ctx, smem, task, slot, lane);
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&smem.rows_ready[slot]);
     at.advance();
