@@ -198,9 +198,21 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // from the stage once it is taken, beside its first quarter's issue: no
   // instruction between the stage wait and that wgmma waits for them (the
   // shared loads' latency passes under the previous stage's last promotion).
+  // A quarter's two descriptors (their low halves: the m64n64k32 wrapper
+  // adds the constant high half) through redux.sync, whose result ptxas
+  // keeps in a uniform register, at the quarter's issue: so the quarter's
+  // four k-steps are built on the uniform datapath (UIADD3) where wgmma reads
+  // them. Without it ptxas built all 16 of a stage's descriptor pairs at its
+  // top in ordinary registers and moved each half over (66 R2UR and ~36 more
+  // instructions a stage and warp, 321 instructions in all against 275;
+  // docs/perf-notes.md v25). A warp-uniform value's maximum over the warp is
+  // itself: the same descriptors, the same bits.
+  auto uniform_lo = [](uint64_t desc) {
+    return static_cast<uint64_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(desc)));
+  };
   BScales sb = load_b_scales(0);
   StageDescs cur = take_stage();
-  issue_fp8_stage(part_even, cur.a, cur.b);
+  issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b));
   StageScales sc = stage_scales(cur.held, sb);
   int kb = 0;
   // Each turn: stage kb's quarter 0 is in flight in part_even. Quarters 0..2
@@ -211,20 +223,20 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // serialise them too).
   while (true) {
     sb = load_b_scales(min(kb + 1, k_blocks - 1));
-    issue_fp8_stage(part_odd, cur.a, cur.b + 1 * kQuarterStep);
+    issue_fp8_stage(part_odd, uniform_lo(cur.a), uniform_lo(cur.b + 1 * kQuarterStep));
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 0>{}, sc);
-    issue_fp8_stage(part_even, cur.a, cur.b + 2 * kQuarterStep);
+    issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b + 2 * kQuarterStep));
     wgmma::wait_group<1>();
     promote(part_odd, std::integral_constant<int, 1>{}, sc);
-    issue_fp8_stage(part_odd, cur.a, cur.b + 3 * kQuarterStep);
+    issue_fp8_stage(part_odd, uniform_lo(cur.a), uniform_lo(cur.b + 3 * kQuarterStep));
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 2>{}, sc);
     wgmma::wait_group<0>();
     release(cur.held);  // quarter 3 done: the stage's last reads (its A scales were read at its start)
     if (kb + 1 >= k_blocks) break;
     cur = take_stage();
-    issue_fp8_stage(part_even, cur.a, cur.b);
+    issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b));
     const StageScales next_sc = stage_scales(cur.held, sb);
     promote(part_odd, std::integral_constant<int, 3>{}, sc);
     sc = next_sc;
