@@ -194,10 +194,10 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   constexpr uint64_t kQuarterStep = (64 * Cfg::kRowBytes) >> 4;  // 64 rows of B, in descriptor units
   start_promotions(acc);
   const int k_blocks = scales.k_blocks;  // >= 1: K >= 128 is a layer rule (forward_options.cpp)
-  // B's scales one stage ahead; A's
-  // from the stage once it is taken, beside its first quarter's issue: no
-  // instruction between the stage wait and that wgmma waits for them (the
-  // shared loads' latency passes under the previous stage's last promotion).
+  // B's scales one stage ahead (from the task's table); A's from the stage
+  // once it is taken, beside its first quarter's issue: no instruction
+  // between the stage wait and that wgmma waits for them (the shared loads'
+  // latency passes under the previous stage's last promotion).
   // A quarter's two descriptors (their low halves: the m64n64k32 wrapper
   // adds the constant high half) through redux.sync, whose result ptxas
   // keeps in a uniform register, at the quarter's issue: so the quarter's
