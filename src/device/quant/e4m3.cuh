@@ -82,6 +82,46 @@ __device__ __forceinline__ void half_block_amax_reduce(float (&amax)[kCount]) {
   }
 }
 
+// Four 1 x 128 blocks of bf16 values quantized by a warp, one per quarter-warp
+// (eight lanes), in the same three phases: each lane holds sixteen
+// consecutive values (two 16-byte halves: lane l values 16 (l % 8) .. of
+// block l / 8), so a value costs half the shuffles and scale arithmetic of
+// the half-warp form (three shuffle rounds for sixteen values, not four for
+// eight). The same rule, value for value: the same bytes.
+__device__ __forceinline__ float quarter_block_lane_amax(uint4 lo, uint4 hi) {
+  return fmaxf(half_block_lane_amax(lo), half_block_lane_amax(hi));
+}
+
+template <int kCount>
+__device__ __forceinline__ void quarter_block_amax_reduce(float (&amax)[kCount]) {
+#pragma unroll
+  for (int d = 4; d >= 1; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], d));
+  }
+}
+
+__device__ __forceinline__ uint2 quantize_eight_with_inverse(uint4 raw, float inv) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = pack_e4m3x2(__fmul_rn(__uint_as_float(w[i] << 16), inv),
+                       __fmul_rn(__uint_as_float(w[i] & 0xFFFF0000u), inv));
+  }
+  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+
+// This lane's sixteen e4m3 bytes (lowest value in the lowest byte) and, in
+// `scale`, its block's ue8m0 byte.
+__device__ __forceinline__ uint4 quantize_quarter_block_with_amax(uint4 lo, uint4 hi, float amax, uint8_t& scale) {
+  const int32_t e = fp8_scale_exponent(amax);
+  const float inv = ue8m0_value(static_cast<uint32_t>(127 - e));  // 2^-e, exact
+  const uint2 a = quantize_eight_with_inverse(lo, inv), b = quantize_eight_with_inverse(hi, inv);
+  scale = static_cast<uint8_t>(127 + e);
+  return make_uint4(a.x, a.y, b.x, b.y);
+}
+
 __device__ __forceinline__ uint2 quantize_half_block_with_amax(uint4 raw, float amax, uint8_t& scale) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   const int32_t e = fp8_scale_exponent(amax);

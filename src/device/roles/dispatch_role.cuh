@@ -146,7 +146,7 @@ static_assert(kCopyWarps * kFp8QuantizeParts <= kScheduleWarpsPerCta, "the helpe
 // bulk copies into its shared-memory slots (as copy_rows does,
 // kSlotsPerWarp rows in flight: a row's latency is hidden only by many bytes
 // in flight), then quantized from there by all lanes of the kFp8QuantizeParts
-// warps, each a contiguous share of the row's 256-column steps -- e4m3 bytes
+// warps, each a contiguous share of the row's 512-column steps -- e4m3 bytes
 // and one ue8m0 scale per 128 columns (quant/e4m3.cuh: the rule the host
 // quantizer and the CPU reference apply, so a row's bytes depend only on the
 // row) -- and stored to the ring with plain stores, which the caller fences
@@ -196,41 +196,61 @@ __device__ __forceinline__ void copy_x_rows_fp8(Ctx& ctx, DispatchShared& smem, 
     phases ^= 1u << slot;
     const int64_t row = ring_row0 + pending_row[slot];
     const uint32_t base = shared_address(smem.slots[copy_warp][slot]);
-    uint8_t* const to = values + row * H + lane * 8;
-    // This row's column of the tile's gathered scales, at its half-warp's block.
-    uint8_t* const to_scales = &smem.tile_scales[lane / 16][pending_row[slot]];
-    // Two 128-column blocks a step, a half-warp each (H is a multiple of
-    // 256), kSteps steps at once: a step is a chain of dependent latencies
-    // (shared load, a 4-deep shuffle reduction, conversions, a store) and
-    // one at a time left the dispatch latency-bound (the whole pass long,
-    // never waiting for a slot: docs/perf-notes.md q5).
+    uint8_t* const row_values = values + row * H;
+    uint8_t* const row_scales = &smem.tile_scales[0][pending_row[slot]];  // block b's byte at b * kMaxDispatchTileRows
+    // Wide steps of 512 columns, four 128-column blocks a step, a
+    // quarter-warp each (sixteen values a lane: quantize_quarter_block_*),
+    // kSteps steps at once: a step is a chain of dependent latencies (shared
+    // loads, a 3-deep shuffle reduction, conversions, a store), and one at a
+    // time left the dispatch latency-bound (docs/perf-notes.md q5). Sixteen
+    // values a lane rather than eight halve the shuffles and the scale
+    // arithmetic per value: the quantizing warps are bound by the
+    // instructions they issue (64 a 256-column step and warp with eight
+    // values a lane, perf-notes v26). H is a multiple of 256: a 256-column
+    // rest, if any, goes to part 0 in the half-warp form.
     constexpr int kSteps = 4;
-    const int64_t steps = H / 256;
-    const int64_t first = steps * part / kFp8QuantizeParts, last = steps * (part + 1) / kFp8QuantizeParts;
-    // In phases across the steps (loads, lane maxima, the four shuffle rounds
-    // interleaved, then bytes and stores), so that the steps' latency chains
-    // overlap; the scale rule has no branch to split them
+    const int64_t wide_steps = H / 512;
+    const int64_t first = wide_steps * part / kFp8QuantizeParts;
+    const int64_t last = wide_steps * (part + 1) / kFp8QuantizeParts;
+    // In phases across the steps (loads, lane maxima, the three shuffle
+    // rounds interleaved, then bytes and stores), so that the steps' latency
+    // chains overlap; the scale rule has no branch to split them
     // (quant/scale_exponent_rule.hpp).
-    auto quantize_steps = [&](int64_t b0, auto count) {
+    auto quantize_wide_steps = [&](int64_t w0, auto count) {
       constexpr int kCount = decltype(count)::value;
-      uint4 raw[kCount];
+      uint4 lo[kCount], hi[kCount];
       float amax[kCount];
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) raw[i] = ld_shared_v4(base + static_cast<uint32_t>(b0 + i) * 512u + lane * 16u);
+      for (int i = 0; i < kCount; ++i) {
+        const uint32_t at = base + static_cast<uint32_t>(w0 + i) * 1024u + lane * 32u;
+        lo[i] = ld_shared_v4(at);
+        hi[i] = ld_shared_v4(at + 16u);
+      }
 #pragma unroll
-      for (int i = 0; i < kCount; ++i) amax[i] = half_block_lane_amax(raw[i]);
-      half_block_amax_reduce(amax);
+      for (int i = 0; i < kCount; ++i) amax[i] = quarter_block_lane_amax(lo[i], hi[i]);
+      quarter_block_amax_reduce(amax);
 #pragma unroll
       for (int i = 0; i < kCount; ++i) {
         uint8_t scale;
-        const uint2 q = quantize_half_block_with_amax(raw[i], amax[i], scale);
-        *reinterpret_cast<uint2*>(to + (b0 + i) * 256) = q;
-        if (lane % 16 == 0) to_scales[2 * (b0 + i) * kMaxDispatchTileRows] = scale;
+        const uint4 q = quantize_quarter_block_with_amax(lo[i], hi[i], amax[i], scale);
+        *reinterpret_cast<uint4*>(row_values + (w0 + i) * 512 + lane * 16) = q;
+        if (lane % 8 == 0) row_scales[(4 * (w0 + i) + lane / 8) * kMaxDispatchTileRows] = scale;
       }
     };
-    int64_t b = first;
-    for (; b + kSteps <= last; b += kSteps) quantize_steps(b, std::integral_constant<int, kSteps>{});
-    for (; b < last; ++b) quantize_steps(b, std::integral_constant<int, 1>{});
+    int64_t w = first;
+    for (; w + kSteps <= last; w += kSteps) quantize_wide_steps(w, std::integral_constant<int, kSteps>{});
+    for (; w < last; ++w) quantize_wide_steps(w, std::integral_constant<int, 1>{});
+    if (part == 0 && H % 512 != 0) {
+      // The last 256 columns: two blocks, a half-warp each.
+      const int64_t b = H / 256 - 1;  // in 256-column steps
+      const uint4 raw = ld_shared_v4(base + static_cast<uint32_t>(b) * 512u + lane * 16u);
+      float amax[1] = {half_block_lane_amax(raw)};
+      half_block_amax_reduce(amax);
+      uint8_t scale;
+      const uint2 q = quantize_half_block_with_amax(raw, amax[0], scale);
+      *reinterpret_cast<uint2*>(row_values + b * 256 + lane * 8) = q;
+      if (lane % 16 == 0) row_scales[(2 * b + lane / 16) * kMaxDispatchTileRows] = scale;
+    }
     ++done;
     if (cursor < tile_m) {
       // Every part's reads of the slot precede its refill (async proxy).
