@@ -19,6 +19,11 @@ int default_dispatch_ctas(const LayerConfig& config, int ctas_per_rank) {
   // GEMMs run faster. Measured on the DeepSeek-V3 slice (one H200,
   // docs/perf-notes.md q5): 6, 7, 8 and 10 dispatch CTAs gave 5.55, 5.51,
   // 5.48 and 5.73-5.95 ms; 1.2 more of a row's byte cost gives 8 there.
+  // v26 (the GEMMs and the quantizing both faster since): before the
+  // dispatch's sixteen-values-a-lane quantizing, 5, 6 and 7 CTAs gave
+  // 1.29x, 1.16x and 1.06x the time of 8, and 8 to 12 the same within
+  // their spread; after it, 6 and 7 are within 2% of 8 alone and 8 stays
+  // the fastest back to back (the power-capped case), so the rule keeps 8.
   // Provisional until x is quantized on its home rank before the pull
   // (docs/fp8-forward-design.md).
   if (config.dtype == DType::kFP8E4M3) cycles_per_row += 1.2 * row_bytes / kDispatchBytesPerCycle;
