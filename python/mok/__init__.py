@@ -327,10 +327,17 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
     w13_values, w2_values = [q.values for q in w13], [q.values for q in w2]
     options, _ = _resolve_tuning(x, expert_ids, w13_values, w2_values, shared_w2, num_experts, tuning,
                                  token_capacity, precision="fp8")
-    return torch.ops.mok.fused_forward_fp8(list(x), list(expert_ids), list(weights), w13_values,
-                                           [q.scales for q in w13], w2_values, [q.scales for q in w2],
-                                           shared_w13, shared_w2, num_experts, tuning_list(options), check_errors,
-                                           token_capacity=token_capacity)
+    args = (list(x), list(expert_ids), list(weights), w13_values, [q.scales for q in w13], w2_values,
+            [q.scales for q in w2], shared_w13, shared_w2, num_experts, tuning_list(options), check_errors)
+    if not _autograd.records_grad(args[0], args[2], shared_w13, shared_w2):
+        # As mok.fused_forward's: a call autograd does not record enters
+        # below autograd itself, skipping the Python kernel that
+        # torch.library's registration puts there (host time before the
+        # launch; docs/perf-notes.md v17, v26). Recorded calls keep it: its
+        # backward names this op when it refuses.
+        with _eager_autograd.below_autograd():
+            return torch.ops.mok.fused_forward_fp8(*args, token_capacity=token_capacity)
+    return torch.ops.mok.fused_forward_fp8(*args, token_capacity=token_capacity)
 
 
 def _check_fp8_weight_bytes(q, name):

@@ -121,6 +121,32 @@ def test_check_errors_refuses_nan_scales_and_values_naming_them():
                               check_errors=True)
 
 
+def test_calls_autograd_does_not_record_skip_its_python_kernel(monkeypatch):
+    """Host time before the launch: a call autograd does not record (no
+    input requiring grad, or grad mode off) enters the op below autograd, as
+    mok.fused_forward does, instead of through the Python kernel that
+    torch.library's registration puts there; a recorded call keeps it (its
+    backward refuses by the op's name). Seen from inside the op: whether the
+    autograd dispatch keys are excluded when it is reached."""
+    below = []
+
+    def op(*args, token_capacity=0):
+        below.append(torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradFunctionality))
+        return [torch.empty(0)]
+
+    monkeypatch.setattr(torch.ops.mok, "fused_forward_fp8", op)
+    layer = random_global_layer(T, H, I, E, K, S, seed=8)
+    xs, ids, ws, q13, q2, sw13, sw2 = _quantized_world(layer, 1, "cpu")
+    mok.fused_forward_fp8(xs, ids, ws, q13, q2, sw13, sw2, num_experts=E)
+    grad_x = [xs[0].clone().requires_grad_(True)]
+    mok.fused_forward_fp8(grad_x, ids, ws, q13, q2, sw13, sw2, num_experts=E)
+    with torch.no_grad():
+        mok.fused_forward_fp8(grad_x, ids, ws, q13, q2, sw13, sw2, num_experts=E)
+    grad_shared = sw13.clone().requires_grad_(True)
+    mok.fused_forward_fp8(xs, ids, ws, q13, q2, grad_shared, sw2, num_experts=E)
+    assert below == [True, False, True, False]
+
+
 def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
