@@ -73,13 +73,38 @@ __device__ __forceinline__ float half_block_lane_amax(uint4 raw) {
   return amax;
 }
 
-template <int kCount>
-__device__ __forceinline__ void half_block_amax_reduce(float (&amax)[kCount]) {
+// The block maximum over its kLanes consecutive lanes (a max: order-free),
+// for every step at once: log2(kLanes) rounds of shuffles.
+template <int kLanes, int kCount>
+__device__ __forceinline__ void block_amax_reduce(float (&amax)[kCount]) {
 #pragma unroll
-  for (int d = 8; d >= 1; d /= 2) {
+  for (int d = kLanes / 2; d >= 1; d /= 2) {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], d));
   }
+}
+template <int kCount>
+__device__ __forceinline__ void half_block_amax_reduce(float (&amax)[kCount]) {
+  block_amax_reduce<16>(amax);
+}
+
+// Eight consecutive bf16 values times 2^-e (`inv`, exact) to e4m3, lowest
+// value in the lowest byte.
+__device__ __forceinline__ uint2 quantize_eight_with_inverse(uint4 raw, float inv) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = pack_e4m3x2(__fmul_rn(__uint_as_float(w[i] << 16), inv),
+                       __fmul_rn(__uint_as_float(w[i] & 0xFFFF0000u), inv));
+  }
+  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+}
+
+__device__ __forceinline__ uint2 quantize_half_block_with_amax(uint4 raw, float amax, uint8_t& scale) {
+  const int32_t e = fp8_scale_exponent(amax);
+  scale = static_cast<uint8_t>(127 + e);
+  return quantize_eight_with_inverse(raw, ue8m0_value(static_cast<uint32_t>(127 - e)));  // 2^-e, exact
 }
 
 // Four 1 x 128 blocks of bf16 values quantized by a warp, one per quarter-warp
@@ -94,22 +119,7 @@ __device__ __forceinline__ float quarter_block_lane_amax(uint4 lo, uint4 hi) {
 
 template <int kCount>
 __device__ __forceinline__ void quarter_block_amax_reduce(float (&amax)[kCount]) {
-#pragma unroll
-  for (int d = 4; d >= 1; d /= 2) {
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], d));
-  }
-}
-
-__device__ __forceinline__ uint2 quantize_eight_with_inverse(uint4 raw, float inv) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t q[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    q[i] = pack_e4m3x2(__fmul_rn(__uint_as_float(w[i] << 16), inv),
-                       __fmul_rn(__uint_as_float(w[i] & 0xFFFF0000u), inv));
-  }
-  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+  block_amax_reduce<8>(amax);
 }
 
 // This lane's sixteen e4m3 bytes (lowest value in the lowest byte) and, in
@@ -120,20 +130,6 @@ __device__ __forceinline__ uint4 quantize_quarter_block_with_amax(uint4 lo, uint
   const uint2 a = quantize_eight_with_inverse(lo, inv), b = quantize_eight_with_inverse(hi, inv);
   scale = static_cast<uint8_t>(127 + e);
   return make_uint4(a.x, a.y, b.x, b.y);
-}
-
-__device__ __forceinline__ uint2 quantize_half_block_with_amax(uint4 raw, float amax, uint8_t& scale) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  const int32_t e = fp8_scale_exponent(amax);
-  const float inv = ue8m0_value(static_cast<uint32_t>(127 - e));  // 2^-e, exact
-  uint32_t q[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    q[i] = pack_e4m3x2(__fmul_rn(__uint_as_float(w[i] << 16), inv),
-                       __fmul_rn(__uint_as_float(w[i] & 0xFFFF0000u), inv));
-  }
-  scale = static_cast<uint8_t>(127 + e);
-  return make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
 }
 
 }  // namespace mok::device
