@@ -329,7 +329,7 @@ def fused_forward_fp8(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w
                                  token_capacity, precision="fp8")
     args = (list(x), list(expert_ids), list(weights), w13_values, [q.scales for q in w13], w2_values,
             [q.scales for q in w2], shared_w13, shared_w2, num_experts, tuning_list(options), check_errors)
-    if not _autograd.records_grad(args[0], args[2], shared_w13, shared_w2):
+    if not _autograd.records_grad(args[0], args[2], args[3], args[5], shared_w13, shared_w2):
         # As mok.fused_forward's: a call autograd does not record enters
         # below autograd itself, skipping the Python kernel that
         # torch.library's registration puts there (host time before the
