@@ -3,8 +3,8 @@
 // serves rank first_rank + b / ctas_per_rank; of a rank's CTAs the first
 // comm_ctas_per_rank build the schedule and pull the rows (dispatch), the
 // others run GEMM tasks (warpgroup 0: the fetcher and producer threads, the
-// signaler thread, the row-resolver warp; warpgroups 1-2: the consumers); then every
-// consumer and dispatch warp of the rank joins the combine.
+// signaler thread, the row-resolver warp; warpgroups 1-2: the consumers); then
+// warps 4-11 of every CTA of the rank (a GEMM CTA's consumers) join the combine.
 // Setup and role dispatch only: the dataflow is in the roles and in
 // docs/protocol.md.
 #pragma once
@@ -41,7 +41,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   RoleContext<kScope, kTraining, FusedForwardParams, Pass> ctx{params, rank, {params.timeout_ns}};
   const int comm = params.comm_ctas_per_rank;
   const int warp = threadIdx.x / 32;
-  const int combine_warps = comm * kFusedWarps + (params.ctas_per_rank - comm) * kGemmCombineWarps;
+  // The combine: kGemmCombineWarps warps of every CTA of the rank (a GEMM
+  // CTA's consumer warps, a dispatch CTA's warps of the same numbers), warp
+  // w of CTA c the rank's combine warp c * kGemmCombineWarps + w - 4. The
+  // same warps on every SM, so every SM sums the same share of tokens: with
+  // all twelve warps of a dispatch CTA in it, a dispatch SM took 1.5x a GEMM
+  // SM's tokens and ended the pass ~30 us after them (docs/perf-notes.md v27).
+  constexpr int kFirstCombineWarp = kFusedWarps - kGemmCombineWarps;
+  const int combine_warps = params.ctas_per_rank * kGemmCombineWarps;
+  const int combine_warp = cta * kGemmCombineWarps + (warp - kFirstCombineWarp);
   // Device-ordered passes: the world barrier frames the pass (no-ops otherwise).
   if (!world_start(ctx, cta)) return world_finish<kScope>(params, kFusedWarps);
 
@@ -55,7 +63,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     // dispatch's named barriers count all of them, and its first wait sees an
     // abort for everyone at once (a warp skipping it would hang the others).
     const bool dispatched = dispatch(ctx, dispatch_smem, cta);
-    if (scheduled && dispatched) combine(ctx, cta * kFusedWarps + warp, combine_warps, warp == kFusedWarps - 1);
+    if (scheduled && dispatched && warp >= kFirstCombineWarp) {
+      combine(ctx, combine_warp, combine_warps, warp == kFusedWarps - 1);
+    }
     world_finish<kScope>(params, kFusedWarps);
     return;
   }
@@ -63,8 +73,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   auto& gemm_smem = *reinterpret_cast<FusedGemmShared*>(smem);
   if (run_gemm_cta(ctx, gemm_smem)) {
     // The consumer warps. After an abort the combine's first waits see it and return at once.
-    const int gemm_cta = cta - comm;
-    combine(ctx, comm * kFusedWarps + gemm_cta * kGemmCombineWarps + (warp - 4), combine_warps, warp == 4);
+    static_assert(kFirstCombineWarp == 4, "a GEMM CTA's consumer warps are warps 4..11");
+    combine(ctx, combine_warp, combine_warps, warp == kFirstCombineWarp);
   }
   world_finish<kScope>(params, kFusedWarps);
 }

@@ -1,5 +1,5 @@
-// The combine on each token's home rank, run by every warp of the rank once
-// its own role is done:
+// The combine on each token's home rank, run by the same warps of every CTA
+// of the rank once their own role is done (fused_forward_kernel.cuh):
 //   out[t] = bf16( s[t] + sum_{j<k} w[t][j] * y[t][j] ),
 // in fp32, slots in ascending order, each step one fused multiply-add
 // (__fmaf_rn: the reference's fmaf), exactly as include/mok/reference.hpp.
