@@ -18,7 +18,16 @@ TFLOP/s per GHz climbs to dx's as K grows, what the weight gradient loses
 per clock is paid per tile (drain, epilogue, the tail's clearing), not in
 its K loop.
 
-usage: python3 bench/bench_energy.py [--seconds 1.0] [--weight-grad-k]
+--fp8 instead sets the FP8 forward beside the bf16 one under the cap: the
+dense bf16 matmul and the dense FP8 one (torch._scaled_mm, e4m3, 8192^3, one
+scale per row and per column, fast accumulation: cuBLAS's own FP8 rate) back
+to back, then mok's bf16 and FP8 forwards on the DeepSeek-V3 slice; and what
+the two dense rates make of the layer (its routed FLOPs at the FP8 rate, the
+bf16 shared expert's at the bf16 rate, against all of it at the bf16 rate):
+the FP8-over-bf16 ratio a layer running at the dense rates would reach, to
+read issue 16's 1.45x against.
+
+usage: python3 bench/bench_energy.py [--seconds 1.0] [--weight-grad-k | --fp8]
 """
 from __future__ import annotations
 
@@ -130,12 +139,51 @@ def weight_grad_against_k(nvml, seconds):
             nvml, lambda: mok.weight_grad_mm(d13, x_rows, off, counts, groups, torch.bfloat16), seconds))
 
 
+def fp8_against_bf16(nvml, seconds):
+    """The dense FP8 and bf16 rates under the cap, mok's two forwards, and the
+    layer ratio the dense rates allow (module docstring, --fp8)."""
+    from bench_fused_forward_fp8 import mok_bf16, mok_fp8  # noqa: E402
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda").bfloat16(), torch.randn(n, n, device="cuda").bfloat16()
+    qa = (torch.rand(n, n, device="cuda") * 2 - 1).to(torch.float8_e4m3fn)
+    qb = (torch.rand(n, n, device="cuda") * 2 - 1).to(torch.float8_e4m3fn).t()  # column-major, as cuBLAS wants
+    sa = torch.ones(n, 1, device="cuda")
+    sb = torch.ones(1, n, device="cuda")
+    T, H, I, E, k, S = 4096, 7168, 2048, 32, 8, 2048
+    layer = make_layer(T, H, I, E, k, S)
+    fwd = forward_flops(T, H, I, k, S)
+    shared = fwd - forward_flops(T, H, I, k, 0)  # the shared expert's part: 6 T H S
+    print(f"device: {torch.cuda.get_device_name()}; each item back to back for ~{seconds:.1f} s", flush=True)
+    print(HEADER)
+    rows = {}
+    for name, fn, flops in (
+            ("dense bf16 matmul 8192^3", lambda: a @ b, 2 * n**3),
+            ("dense FP8 _scaled_mm 8192^3", lambda: torch._scaled_mm(qa, qb, sa, sb, out_dtype=torch.bfloat16,
+                                                                    use_fast_accum=True), 2 * n**3),
+            ("mok forward bf16 (DeepSeek-V3 slice)", mok_bf16(layer), fwd),
+            ("mok forward FP8 (DeepSeek-V3 slice)", mok_fp8(layer), fwd)):
+        rows[name] = measure(nvml, fn, seconds)
+        print_row(name, flops, None, *rows[name])
+    bf16_rate = 2 * n**3 / rows["dense bf16 matmul 8192^3"][0]
+    fp8_rate = 2 * n**3 / rows["dense FP8 _scaled_mm 8192^3"][0]
+    ceiling = (fwd / bf16_rate) / ((fwd - shared) / fp8_rate + shared / bf16_rate)
+    mok_ratio = rows["mok forward bf16 (DeepSeek-V3 slice)"][0] / rows["mok forward FP8 (DeepSeek-V3 slice)"][0]
+    print(f"dense FP8 over dense bf16, sustained: {fp8_rate / bf16_rate:.3f}x; the layer at those rates "
+          f"(shared expert bf16, {shared / fwd:.1%} of its FLOPs): {ceiling:.3f}x; mok's FP8 over its bf16 "
+          f"forward, sustained: {mok_ratio:.3f}x", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back stretch per item")
     parser.add_argument("--weight-grad-k", action="store_true", help="the weight gradient per clock against K")
+    parser.add_argument("--fp8", action="store_true",
+                        help="the dense FP8 and bf16 rates under the cap against mok's FP8 and bf16 forwards")
     args = parser.parse_args()
     nvml = Nvml()
+    if args.fp8:
+        fp8_against_bf16(nvml, args.seconds)
+        return
     if args.weight_grad_k:
         weight_grad_against_k(nvml, args.seconds)
         return

@@ -175,12 +175,14 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   // Stage 0's descriptors, made once: stage s's are theirs moved by s stages
   // (the stages are equal, 1 KB-aligned blocks, and no shared-memory address
   // overflows the descriptor's 14-bit start field), so a stage costs one
-  // multiply-add each instead of the address arithmetic and the lane-0
-  // broadcast again.
+  // multiply-add each instead of the address arithmetic again. No lane-0
+  // broadcast: each quarter's low halves go through uniform_lo below, which
+  // is what puts them on the uniform datapath (a broadcast here only
+  // lengthened the chain from a task's rows_ready wait to its first wgmma by
+  // two shuffles and their divergence checks).
   constexpr uint64_t kStageStep = sizeof(smem.stages[0]) >> 4;  // one stage, in descriptor units
-  const uint64_t a_stage0 =
-      wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].a + consumer * 64 * Cfg::kRowBytes));
-  const uint64_t b_stage0 = wgmma::warp_uniform(wgmma::smem_desc_k_sw128(smem.stages[0].b));
+  const uint64_t a_stage0 = wgmma::smem_desc_k_sw128(smem.stages[0].a + consumer * 64 * Cfg::kRowBytes);
+  const uint64_t b_stage0 = wgmma::smem_desc_k_sw128(smem.stages[0].b);
   // The next stage, taken with no wgmma in flight: with one in flight
   // across the stall-checking wait loop, ptxas serialised every wgmma of the
   // kernel (C7514), even where the loop ran only after a wait_group<0>.

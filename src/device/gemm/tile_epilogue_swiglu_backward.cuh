@@ -10,10 +10,10 @@
 // parts is d loss / d w's share of this n-tile: <dout, W2 h> = <acc, h>.
 //
 // Fixed arithmetic (explicit _rn, no contraction), so every caller of this
-// epilogue rounds alike: s = __fdividef(1, 1 + __expf(-gate)) as in the
-// forward's silu_mul; each part sums the thread's columns in ascending order,
-// then the four lanes of a row in a fixed butterfly (a + b == b + a bitwise,
-// so every lane ends with the same value).
+// epilogue rounds alike: s = sigmoid(gate) as in the forward's silu_mul;
+// each part sums the thread's columns in ascending order, then the four
+// lanes of a row in a fixed butterfly (a + b == b + a bitwise, so every lane
+// ends with the same value).
 //
 // Only rows [tile.row0, tile.row_end) and columns below n are read or
 // written, as in store_tile.
@@ -50,7 +50,7 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
 
 // One column's SwiGLU backward; returns h and writes da, db.
 __device__ __forceinline__ float swiglu_backward(float acc, float w, float gate, float up, float& da, float& db) {
-  const float s = __fdividef(1.0f, __fadd_rn(1.0f, __expf(-gate)));
+  const float s = sigmoid(gate);
   const float silu = __fmul_rn(gate, s);
   const float h = __fmul_rn(silu, up);
   const float dh = __fmul_rn(w, acc);

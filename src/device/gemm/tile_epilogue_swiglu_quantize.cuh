@@ -95,42 +95,53 @@ __device__ __forceinline__ ScaleColumn row_major_scales(uint8_t* scales, const G
   return ScaleColumn{scales, n / 128, tile.n0 / 128};
 }
 
-// A finisher warp: its 16 rows of h (in `h`, an m64n128 accumulator fragment), each
-// row's 128 values quantized with the row's scale, through its staging, to
-// values[row * n + tile.n0 ..] and the row's byte of `scales`.
-// `tile.row0` is the first row of the warp's warpgroup (the wide tile's
-// warpgroup 1: the tile's row 64).
-template <class Cfg>
-__device__ __forceinline__ void store_quantized_h_rows(const float (&h)[64], GemmSharedStorage<Cfg>& smem,
-                                                       int consumer, const GemmTile& tile, uint8_t* values,
+// A finisher warp: its 16 rows of h, each row's 128 values quantized with
+// the row's scale, through its staging, to values[row * n + tile.n0 ..] and
+// the row's byte of `scales`. h_of(i) is element i of the warp's m64n128
+// fragment: h_of(4j + 2hh + e) is row (warp * 16 + lane / 4 + 8 hh), column
+// 8j + 2 (lane % 4) + e, so a row's 128 columns sit in its quad of lanes.
+// The rows go one half (hh) at a time, h made as it is needed: where h_of
+// computes h (the wide tile's SwiGLU, two MUFU operations a value), half 0's
+// maximum, quantizing and staging stores run beside half 1's MUFU work, and
+// only one half's values are live. `tile.row0` is the first row of the warp's
+// warpgroup (the wide tile's warpgroup 1: the tile's row 64).
+template <class Cfg, class HOf>
+__device__ __forceinline__ void store_quantized_h_rows(const HOf& h_of, GemmSharedStorage<Cfg>& smem, int consumer,
+                                                       const GemmTile& tile, uint8_t* values,
                                                        const ScaleColumn& scales, int n) {
-  constexpr int kRegs = 64;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32) % 4;
-  // Fragment: h[4j + 2hh + e] is row (warp * 16 + lane / 4 + 8 hh), column
-  // 8j + 2 (lane % 4) + e. A row's 128 columns sit in its quad of lanes.
-  float amax[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < kRegs; ++i) amax[(i / 2) % 2] = fmaxf(amax[(i / 2) % 2], fabsf(h[i]));
-  int32_t e[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 1));
-    amax[hh] = fmaxf(amax[hh], __shfl_xor_sync(0xffffffffu, amax[hh], 2));
-    e[hh] = fp8_scale_exponent(amax[hh]);
-  }
   // The warp's 16 rows x 128 bytes through its staging, 16-byte chunks
   // XOR-swizzled by row, then whole 128-byte lines to global memory.
   const uint32_t base = shared_address(smem.staging[consumer * 4 + warp]);
+  int32_t e[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
+    float h[32];  // h[2j + x]: fragment element 4j + 2hh + x
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) h[2 * j + x] = h_of(4 * j + 2 * hh + x);
+    }
+    // The row's maximum |h| (a max: any order gives the same value), four
+    // chains of eight, then the quad's four lanes.
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) m[i % 4] = fmaxf(m[i % 4], fabsf(h[i]));
+    float amax = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    e[hh] = fp8_scale_exponent(amax);
     const float inv = ue8m0_value(static_cast<uint32_t>(127 - e[hh]));  // 2^-e, exact
     const int r = lane / 4 + 8 * hh;
+    // Byte 8j + 2 (lane % 4) of row r lies in 16-byte chunk (j / 2) ^ (r & 7)
+    // of the row's 128 bytes: the staging is 128-byte aligned, so the chunk
+    // index is bits 4-6 of the address, set by one XOR a store.
+    const uint32_t row_at = (base + r * 128 + 2 * (lane % 4)) | ((r & 7) << 4);
 #pragma unroll
-    for (int j = 0; j < kRegs / 4; ++j) {
-      const uint16_t q = pack_e4m3x2(__fmul_rn(h[4 * j + 2 * hh], inv), __fmul_rn(h[4 * j + 2 * hh + 1], inv));
-      const int byte = 8 * j + 2 * (lane % 4);
-      const uint32_t at = base + r * 128 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16;
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t q = pack_e4m3x2(__fmul_rn(h[2 * j], inv), __fmul_rn(h[2 * j + 1], inv));
+      const uint32_t at = (row_at ^ ((j / 2) << 4)) + 8 * (j % 2);
       asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(q) : "memory");
     }
   }
@@ -168,7 +179,7 @@ __device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cf
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) h[i] = acc[i];
   if (swiglu_exchange<Cfg, kRounds>(h, exchange, consumer, barrier_id)) {
-    store_quantized_h_rows<Cfg>(h, smem, consumer, tile, values, scales, n);
+    store_quantized_h_rows<Cfg>([&](int i) { return h[i]; }, smem, consumer, tile, values, scales, n);
   }
   // The exchange (and the staging) is read before either warpgroup's next
   // tile writes it (with short K a warpgroup could otherwise finish its next
@@ -179,7 +190,10 @@ __device__ __forceinline__ void store_swiglu_quantize_tile(const float (&acc)[Cf
 // The wide FP8 gate/up tile (128 x 256, rows split: mma_fp8_wide_tile):
 // each warpgroup holds the gate (acc[0, 64)) and the up (acc[64, 128))
 // columns of the same 64 rows, so every warp finishes its own 16 rows --
-// no hand-over between the warpgroups, no barrier between them.
+// no hand-over between the warpgroups, no barrier between them. h is made
+// row half by row half inside the store (store_quantized_h_rows): the
+// quantizing of one half runs beside the other's MUFU work (docs/perf-notes.md
+// v28: the epilogue had 327 instructions after its last MUFU operation).
 template <class Cfg>
 __device__ __forceinline__ void store_swiglu_quantize_wide_tile(const float (&acc)[Cfg::kAccRegs],
                                                                 GemmSharedStorage<Cfg>& smem, int consumer,
@@ -187,12 +201,10 @@ __device__ __forceinline__ void store_swiglu_quantize_wide_tile(const float (&ac
                                                                 const ScaleColumn& scales, int n) {
   static_assert(!Cfg::kSplitN && Cfg::kBlockM == 128 && Cfg::kAccRegs == 128,
                 "the wide FP8 gate/up tile: 64 rows x (128 gate + 128 up) columns a warpgroup");
-  float h[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) h[i] = silu_mul(acc[i], acc[64 + i]);
   GemmTile rows = tile;
   rows.row0 = tile.row0 + consumer * 64;
-  store_quantized_h_rows<Cfg>(h, smem, consumer, rows, values, scales, n);
+  store_quantized_h_rows<Cfg>([&](int i) { return silu_mul(acc[i], acc[64 + i]); }, smem, consumer, rows, values,
+                              scales, n);
 }
 
 }  // namespace mok::device

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   // all twelve warps of a dispatch CTA in it, a dispatch SM took 1.5x a GEMM
   // SM's tokens and ended the pass ~30 us after them (docs/perf-notes.md v27).
   constexpr int kFirstCombineWarp = kFusedWarps - kGemmCombineWarps;
+  static_assert(kFirstCombineWarp == 4, "a GEMM CTA's consumer warps are warps 4..11");
   const int combine_warps = params.ctas_per_rank * kGemmCombineWarps;
   const int combine_warp = cta * kGemmCombineWarps + (warp - kFirstCombineWarp);
   // Device-ordered passes: the world barrier frames the pass (no-ops otherwise).
@@ -73,7 +74,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   auto& gemm_smem = *reinterpret_cast<FusedGemmShared*>(smem);
   if (run_gemm_cta(ctx, gemm_smem)) {
     // The consumer warps. After an abort the combine's first waits see it and return at once.
-    static_assert(kFirstCombineWarp == 4, "a GEMM CTA's consumer warps are warps 4..11");
     combine(ctx, combine_warp, combine_warps, warp == kFirstCombineWarp);
   }
   world_finish<kScope>(params, kFusedWarps);
