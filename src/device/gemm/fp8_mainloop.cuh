@@ -234,11 +234,17 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     issue_fp8_stage(part_odd, uniform_lo(cur.a), uniform_lo(cur.b + 3 * kQuarterStep));
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 2>{}, sc);
+    // The next stage's first descriptors while quarter 3 still runs (the
+    // ring has moved past this stage already: ring.stage is the next one),
+    // so that from the drain to the next stage's first wgmma only the
+    // release, the stage wait and the issue remain.
+    const uint64_t next_step = static_cast<uint64_t>(ring.stage) * kStageStep;
+    const uint64_t next_a = uniform_lo(a_stage0 + next_step), next_b = uniform_lo(b_stage0 + next_step);
     wgmma::wait_group<0>();
     release(cur.held);  // quarter 3 done: the stage's last reads (its A scales were read at its start)
     if (kb + 1 >= k_blocks) break;
     cur = take_stage();
-    issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b));
+    issue_fp8_stage(part_even, next_a, next_b);
     const StageScales next_sc = stage_scales(cur.held, sb);
     promote(part_odd, std::integral_constant<int, 3>{}, sc);
     sc = next_sc;
