@@ -212,9 +212,13 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
   auto uniform_lo = [](uint64_t desc) {
     return static_cast<uint64_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(desc)));
   };
+  // The first stage's descriptors before its wait, as each next stage's
+  // below: the ring's current stage is the one take_stage waits for.
+  const uint64_t first_step = static_cast<uint64_t>(ring.stage) * kStageStep;
+  const uint64_t first_a = uniform_lo(a_stage0 + first_step), first_b = uniform_lo(b_stage0 + first_step);
   BScales sb = load_b_scales(0);
   StageDescs cur = take_stage();
-  issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b));
+  issue_fp8_stage(part_even, first_a, first_b);
   StageScales sc = stage_scales(cur.held, sb);
   int kb = 0;
   // Each turn: stage kb's quarter 0 is in flight in part_even. Quarters 0..2
@@ -234,11 +238,17 @@ __device__ __forceinline__ void mma_fp8_wide_tile(GemmSharedStorage<Cfg>& smem, 
     issue_fp8_stage(part_odd, uniform_lo(cur.a), uniform_lo(cur.b + 3 * kQuarterStep));
     wgmma::wait_group<1>();
     promote(part_even, std::integral_constant<int, 2>{}, sc);
+    // The next stage's first descriptors while quarter 3 still runs (the
+    // ring has moved past this stage already: ring.stage is the next one),
+    // so that from the drain to the next stage's first wgmma only the
+    // release, the stage wait and the issue remain.
+    const uint64_t next_step = static_cast<uint64_t>(ring.stage) * kStageStep;
+    const uint64_t next_a = uniform_lo(a_stage0 + next_step), next_b = uniform_lo(b_stage0 + next_step);
     wgmma::wait_group<0>();
     release(cur.held);  // quarter 3 done: the stage's last reads (its A scales were read at its start)
     if (kb + 1 >= k_blocks) break;
     cur = take_stage();
-    issue_fp8_stage(part_even, uniform_lo(cur.a), uniform_lo(cur.b));
+    issue_fp8_stage(part_even, next_a, next_b);
     const StageScales next_sc = stage_scales(cur.held, sb);
     promote(part_odd, std::integral_constant<int, 3>{}, sc);
     sc = next_sc;
