@@ -133,20 +133,34 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
                                                      float (&acc)[Cfg::kAccRegs], int barrier_id, HeldStage& held,
                                                      bool keep_last, const OnStall& on_stall = {}) {
   static_assert(Cfg::kElement == ElementType::kBF16, "this build wraps the bf16 wgmma only");
-  const int k_blocks = weight_grad_k_blocks<Cfg>(tile);  // 0: acc is not touched (the store writes zeros)
+  // The group's rows through redux.sync (a warp-uniform value's maximum is
+  // itself), so that ptxas keeps the trip count, the tail's cases and the
+  // ring's cursor uniform, and with them the descriptors below.
+  const int rows = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(tile.rows)));
+  const int k_blocks = (rows + Cfg::kBlockK - 1) / Cfg::kBlockK;  // 0: acc is not touched (the store writes zeros)
   const bool releaser = (threadIdx.x % 32) == 0;
   int prev_stage = -1;
+  // Stage 0's descriptors, made once; a stage's are theirs moved by whole
+  // stages and a k16 step's by 16 rows of 128 bytes, in the low word only
+  // (shared addresses are below 2^18, so the 14-bit start field never
+  // carries into the next): the same descriptors as built from each stage's
+  // address. A k-block's are made before its stage wait, so that from the
+  // wait to its first wgmma only the issue remains.
+  constexpr uint32_t kStageStep = static_cast<uint32_t>(sizeof(smem.stages[0]) >> 4);
+  constexpr uint32_t kStepK16 = (16 * 128) >> 4;
+  const uint64_t a_stage0 =
+      wgmma::smem_desc_mn_sw128(smem.stages[0].a + consumer * kMNBoxBytes<Cfg>, kMNBoxBytes<Cfg>);
+  const uint64_t b_stage0 = wgmma::smem_desc_mn_sw128(smem.stages[0].b, kMNBoxBytes<Cfg>);
+  const uint64_t a_hi = a_stage0 & 0xffffffff00000000ull, b_hi = b_stage0 & 0xffffffff00000000ull;
+  uint32_t a_lo = 0, b_lo = 0;  // the current k-block's, set before its wait
   // One k-block of kSteps k16 wgmma (the stage's first kSteps * 16 rows).
   const auto block = [&](auto steps, int kb) {
     constexpr int kSteps = decltype(steps)::value;
-    auto& stage = smem.stages[ring.stage];
-    const uint64_t desc_a = wgmma::smem_desc_mn_sw128(stage.a + consumer * kMNBoxBytes<Cfg>, kMNBoxBytes<Cfg>);
-    const uint64_t desc_b = wgmma::smem_desc_mn_sw128(stage.b, kMNBoxBytes<Cfg>);
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
-      mma_bf16<Cfg::kBlockN, 1, 1>(acc, wgmma::advance_k_mn(desc_a, 16 * k), wgmma::advance_k_mn(desc_b, 16 * k),
+      mma_bf16<Cfg::kBlockN, 1, 1>(acc, a_hi | (a_lo + kStepK16 * k), b_hi | (b_lo + kStepK16 * k),
                                    (kb > 0 || k > 0) ? 1u : 0u);
     }
     wgmma::commit_group();
@@ -160,8 +174,11 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
   constexpr int kStepsPerBlock = Cfg::kBlockK / 16;
   static_assert(kStepsPerBlock == 4, "the tail's cases below are written for kBlockK 64");
   for (int kb = 0; kb < k_blocks; ++kb) {
+    const uint32_t step = static_cast<uint32_t>(ring.stage) * kStageStep;
+    a_lo = static_cast<uint32_t>(a_stage0) + step;
+    b_lo = static_cast<uint32_t>(b_stage0) + step;
+    const int valid = rows - kb * Cfg::kBlockK;
     ring.consumer_wait(on_stall);
-    const int valid = tile.rows - kb * Cfg::kBlockK;
     if (valid >= Cfg::kBlockK) {
       block(std::integral_constant<int, kStepsPerBlock>{}, kb);
       continue;

@@ -69,10 +69,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int m_tiles = (params.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int n_tiles = (params.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN> walker(table_in_smem ? shared.groups.offset : params.group_offset,
-                                                          table_in_smem ? shared.groups.rows : params.group_rows,
-                                                          params.num_groups, m_tiles, n_tiles,
-                                                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  // Each role makes its own walker after its register reallocation (one
+  // made before it was kept across setmaxnreg, and ptxas spilled its table
+  // pointer, reloading it at every tile start).
+  const auto make_walker = [&] {
+    return WeightGradTileWalker<Cfg::kBlockM, Cfg::kBlockN>(
+        table_in_smem ? shared.groups.offset : params.group_offset,
+        table_in_smem ? shared.groups.rows : params.group_rows, params.num_groups, m_tiles, n_tiles,
+        static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  };
   StageRing<Cfg::kStages> ring{smem.full, smem.empty};
   const int warpgroup = threadIdx.x / 128;
   WeightGradTile tile;
@@ -80,6 +85,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     wgmma::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
+      auto walker = make_walker();
       const GemmTensorMaps maps{&a_map, &b_map};
       while (walker.next(tile)) {
         if constexpr (kBf16Add) prefetch_weight_grad_out_tile<Cfg>(&out_map, tile, params.m);
@@ -88,7 +94,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     wgmma::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
+    // Warp-uniform to ptxas (redux.sync: the value itself), as the
+    // descriptors made from it in mma_weight_grad_tile.
+    const int consumer = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(warpgroup - 1)));
+    auto walker = make_walker();
     float acc[Cfg::kAccRegs];
     HeldStage held;  // the stage the previous tile's store still reads (bf16)
     while (walker.next(tile)) {
