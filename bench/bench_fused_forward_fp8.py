@@ -13,8 +13,10 @@ torch-native pipelines, one process, one GPU, the same inputs:
   mok fp8       mok.fused_forward_fp8 (weights from mok.quantize_weights,
                 quantized once outside the timed region).
 
-All four are timed in alternating rounds (medians of CUDA-event timings), so
-clock and temperature drift weigh on all alike; ratios are within one run.
+All four are timed in mirrored rounds (bench_timing.mirrored_medians: medians
+of CUDA-event timings, the order reversed every other round), so clock and
+temperature drift and the power state each call leaves the next weigh on all
+alike; ratios are within one run.
 Each output's error is measured against the fp32 layer on unquantized
 weights (per expert in fp32, no bf16 roundings). Useful FLOPs only, as in
 bench_fused_forward.py.
@@ -36,22 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
 from bench_fused_forward import SHAPES, WILD_SHAPES, combine_slots, forward_flops, make_layer, start, torch_native  # noqa: E402
-from bench_timing import event_ms  # noqa: E402
+from bench_timing import mirrored_medians  # noqa: E402
 
 E4M3_MAX = 448.0
-
-
-def paired_medians(fns, rounds=5, iters=4):
-    """Median ms of each function, timed in alternating rounds."""
-    for _ in range(3):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, out in zip(fns, times):
-            out.extend(event_ms(fn) for _ in range(iters))
-    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def fp32_layer(x, ids, w, w13, w2, sw13, sw2):
@@ -137,7 +126,7 @@ def main():
                 fns[1] = None
             errors = [rel(fn(), exact) if fn is not None else float("nan") for fn in fns]
             timed = [fn for fn in fns if fn is not None]
-            medians = iter(paired_medians(timed))
+            medians = iter(mirrored_medians(timed))
             ms = [next(medians) if fn is not None else float("nan") for fn in fns]
             rows.append((label, ms, errors, flops))
             print(f"{label}: " + ", ".join(f"{n} {t:.3f} ms (err {e:.2e})" for n, t, e in zip(names, ms, errors)),

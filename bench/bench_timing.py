@@ -37,6 +37,40 @@ def event_ms(fn, host_ahead: bool = False) -> float:
     return start.elapsed_time(end)
 
 
+def mirrored_times(fns, rounds: int = 6, iters: int = 4, host_ahead: bool = False, timer=None) -> list:
+    """Each function's times (ms), in rounds whose order mirrors every other
+    round (A B C, C B A, A B C, ...), iters calls a turn, after 3 warm-up
+    calls each.
+
+    Under the power cap a call's clock depends on what ran just before it. In
+    a fixed order each function always follows the same neighbour, a bias that
+    no number of rounds removes; mirrored rounds give every function each
+    position and each neighbour equally often, and a drift that is linear
+    over the run cancels too. rounds should be even. timer(fn) -> ms replaces
+    event_ms (bench_ep.py syncs the ranks first)."""
+    timer = timer or (lambda fn: event_ms(fn, host_ahead))
+    for _ in range(3):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for r in range(rounds):
+        for i in (order if r % 2 == 0 else order[::-1]):
+            times[i].extend(timer(fns[i]) for _ in range(iters))
+    return times
+
+
+def upper_median(times) -> float:
+    """The benchmarks' median: the upper middle of an even count."""
+    return sorted(times)[len(times) // 2]
+
+
+def mirrored_medians(fns, rounds: int = 6, iters: int = 4, host_ahead: bool = False) -> list:
+    """Median ms of each function in fns over mirrored rounds (mirrored_times)."""
+    return [upper_median(t) for t in mirrored_times(fns, rounds, iters, host_ahead)]
+
+
 def host_ms(fn, calls: int = 9) -> float:
     """Median wall time on the host of one call of fn, each started from an
     idle GPU: the host's own work (Python, checks, launches); a call that
