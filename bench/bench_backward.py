@@ -5,7 +5,7 @@ Both sides get the same bf16 layer (bench_fused_forward.make_layer) with x,
 the router weights and every weight requiring grad; the backward is timed as
 torch.autograd.grad(out, inputs, dout, retain_graph=True) (no .grad
 accumulation on either side), the forward+backward as a forward then that
-call. Native and mok run in mirrored rounds (bench_fused_forward.paired_ms).
+call. Native and mok run in balanced rounds (bench_fused_forward.paired_ms).
 Useful FLOPs: the backward is twice the forward's 6 H (T k I + T S) (S the
 shared expert's width); recomputed FLOPs are not
 counted. The dense bf16 peak is measured in the same run. mok's backward is
@@ -126,7 +126,7 @@ def profile_step(step, min_us=20.0):
 
 def time_modes(layer, inputs, dout):
     """(backward save, backward recompute, f+b save, f+b recompute) in ms:
-    each pair timed in mirrored rounds (paired_ms)."""
+    each pair timed in balanced rounds (paired_ms)."""
     out_s, out_r = mok_forward(layer, True), mok_forward(layer, False)
     tb_s, tb_r = paired_ms(lambda: torch.autograd.grad(out_s, inputs, dout, retain_graph=True),
                            lambda: torch.autograd.grad(out_r, inputs, dout, retain_graph=True))

@@ -42,7 +42,7 @@ apply_no_multicast_env()  # before torch.distributed starts NCCL
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_timing import event_ms, mirrored_times, upper_median  # noqa: E402
+from bench_timing import event_ms, balanced_times, upper_median  # noqa: E402
 
 SHAPES = {  # name: (H, I, E, k, shared width)
     "deepseek-v3": (7168, 2048, 256, 8, 2048),
@@ -108,10 +108,10 @@ def timed_ms(fn):
     return event_ms(fn)
 
 
-def paired_ms(fn_a, fn_b, rounds=6, iters=4):
-    """Medians over mirrored rounds (bench_timing.mirrored_times) of each
-    call's slowest-rank time."""
-    times = mirrored_times([fn_a, fn_b], rounds, iters, timer=timed_ms)
+def paired_ms(fn_a, fn_b, cycles=3, iters=4):
+    """Medians over balanced rounds (A B, B A, ...; bench_timing.balanced_times)
+    of each call's slowest-rank time."""
+    times = balanced_times([fn_a, fn_b], cycles, iters, timer=timed_ms)
     slowest = torch.tensor(times, device="cuda")
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return tuple(upper_median(t) for t in slowest.tolist())

@@ -6,7 +6,7 @@ back, fp32 weighted sum over the k slots, plus the shared expert as dense
 matmuls. Both sides get the same bf16 inputs. Useful FLOPs only (no padding):
 6 * H * (T*k*I + T*S) with a shared expert of width S (the MoK count).
 Times are medians of CUDA-event timings after warm-up, native and fused timed
-in mirrored rounds (native fused, fused native, ...; each row's own native
+in balanced rounds (native fused, fused native, ...; each row's own native
 time), so that clock and temperature drift over the run and the power state
 one call leaves the next weigh on both alike. The dense bf16 peak is
 measured in the same run (8192^3 matmul). Prints a table last.
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
-from bench_timing import event_ms, mirrored_medians  # noqa: E402
+from bench_timing import event_ms, balanced_medians  # noqa: E402
 
 
 # The benchmarked layers: name, T, H, I, E (one GPU's slice at EP 8), k, shared expert.
@@ -84,12 +84,12 @@ def median_ms(fn, warmup=5, iters=20):
     return times[len(times) // 2]
 
 
-def paired_ms(fn_a, fn_b, rounds=6, iters=4, host_ahead=False):
-    """Medians of fn_a and fn_b timed in mirrored rounds (A B, B A, ...;
-    bench_timing.mirrored_medians), so that clock and temperature drift and
-    the power state one call leaves the next weigh on both alike (host_ahead:
+def paired_ms(fn_a, fn_b, cycles=3, iters=4, host_ahead=False):
+    """Medians of fn_a and fn_b timed in balanced rounds (A B, B A, ...;
+    bench_timing.balanced_times), so that clock and temperature drift and the
+    power state one call leaves the next weigh on both alike (host_ahead:
     bench_timing.event_ms's host-ahead timing)."""
-    return tuple(mirrored_medians([fn_a, fn_b], rounds, iters, host_ahead))
+    return tuple(balanced_medians([fn_a, fn_b], cycles, iters, host_ahead))
 
 
 def dense_peak_tflops():

@@ -13,10 +13,10 @@ torch-native pipelines, one process, one GPU, the same inputs:
   mok fp8       mok.fused_forward_fp8 (weights from mok.quantize_weights,
                 quantized once outside the timed region).
 
-All four are timed in mirrored rounds (bench_timing.mirrored_medians: medians
-of CUDA-event timings, the order reversed every other round), so clock and
-temperature drift and the power state each call leaves the next weigh on all
-alike; ratios are within one run.
+All four are timed in balanced rounds (bench_timing.balanced_times: medians
+of CUDA-event timings; each takes every position, and follows every other,
+equally often), so clock and temperature drift and the power state each call
+leaves the next weigh on all alike; ratios are within one run.
 Each output's error is measured against the fp32 layer on unquantized
 weights (per expert in fp32, no bf16 roundings). Useful FLOPs only, as in
 bench_fused_forward.py.
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
 from bench_fused_forward import SHAPES, WILD_SHAPES, combine_slots, forward_flops, make_layer, start, torch_native  # noqa: E402
-from bench_timing import mirrored_medians  # noqa: E402
+from bench_timing import balanced_medians  # noqa: E402
 
 E4M3_MAX = 448.0
 
@@ -126,7 +126,7 @@ def main():
                 fns[1] = None
             errors = [rel(fn(), exact) if fn is not None else float("nan") for fn in fns]
             timed = [fn for fn in fns if fn is not None]
-            medians = iter(mirrored_medians(timed))
+            medians = iter(balanced_medians(timed))
             ms = [next(medians) if fn is not None else float("nan") for fn in fns]
             rows.append((label, ms, errors, flops))
             print(f"{label}: " + ", ".join(f"{n} {t:.3f} ms (err {e:.2e})" for n, t, e in zip(names, ms, errors)),

@@ -37,27 +37,41 @@ def event_ms(fn, host_ahead: bool = False) -> float:
     return start.elapsed_time(end)
 
 
-def mirrored_times(fns, rounds: int = 6, iters: int = 4, host_ahead: bool = False, timer=None) -> list:
-    """Each function's times (ms), in rounds whose order mirrors every other
-    round (A B C, C B A, A B C, ...), iters calls a turn, after 3 warm-up
-    calls each.
+def balanced_orders(n: int) -> list:
+    """Orders of range(n) in which every function takes every position
+    equally often and directly follows every other function equally often (a
+    Williams design: n orders for even n, 2n for odd n; [0, 1], [1, 0] for
+    two)."""
+    first = [0]
+    for i in range(1, n):
+        first.append((i + 1) // 2 if i % 2 == 1 else n - i // 2)
+    orders = [[(j + shift) % n for j in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
-    Under the power cap a call's clock depends on what ran just before it. In
-    a fixed order each function always follows the same neighbour, a bias that
-    no number of rounds removes; mirrored rounds give every function each
-    position and each neighbour equally often, and a drift that is linear
-    over the run cancels too. rounds should be even. timer(fn) -> ms replaces
-    event_ms (bench_ep.py syncs the ranks first)."""
+
+def balanced_times(fns, cycles: int = 0, iters: int = 4, host_ahead: bool = False, timer=None) -> list:
+    """Each function's times (ms) over rounds in the orders of
+    balanced_orders, iters calls a turn, after 3 warm-up calls each; cycles
+    passes over those orders (0: as few as make at least 6 rounds).
+
+    Under the power cap a call's clock depends on what ran just before it: in
+    a fixed order each function always follows the same neighbour, a bias
+    that no number of rounds removes (v29 in docs/perf-notes.md measured it at
+    ~10% on the torch-native forward). Here every function follows every
+    other equally often and sits at every position equally often. timer(fn)
+    -> ms replaces event_ms (bench_ep.py syncs the ranks first)."""
     timer = timer or (lambda fn: event_ms(fn, host_ahead))
+    orders = balanced_orders(len(fns))
+    cycles = cycles or -(-6 // len(orders))
     for _ in range(3):
         for fn in fns:
             fn()
     torch.cuda.synchronize()
     times = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for r in range(rounds):
-        for i in (order if r % 2 == 0 else order[::-1]):
-            times[i].extend(timer(fns[i]) for _ in range(iters))
+    for _ in range(cycles):
+        for order in orders:
+            for i in order:
+                times[i].extend(timer(fns[i]) for _ in range(iters))
     return times
 
 
@@ -66,9 +80,9 @@ def upper_median(times) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def mirrored_medians(fns, rounds: int = 6, iters: int = 4, host_ahead: bool = False) -> list:
-    """Median ms of each function in fns over mirrored rounds (mirrored_times)."""
-    return [upper_median(t) for t in mirrored_times(fns, rounds, iters, host_ahead)]
+def balanced_medians(fns, cycles: int = 0, iters: int = 4, host_ahead: bool = False) -> list:
+    """Median ms of each function in fns over balanced rounds (balanced_times)."""
+    return [upper_median(t) for t in balanced_times(fns, cycles, iters, host_ahead)]
 
 
 def host_ms(fn, calls: int = 9) -> float:
