@@ -64,7 +64,8 @@ struct Options {
   mok::FusedForwardOptions forward;  // --minibatch-rows, --ring-slots, --comm-ctas, --lookahead
   std::string trace_file;  // non-empty: also trace one pass, summarise it, write its events here (CSV)
   // --compare: option sets timed against the base options in the same
-  // process, on the same data, alternating, for `rounds` rounds.
+  // process, on the same data, in `rounds` mirrored rounds (a b b a: the power
+  // state one pass leaves the next, and a drift within a round, favour none).
   std::vector<std::string> compare;
   int rounds = 3;
 };
@@ -113,7 +114,7 @@ void print_usage() {
       "  --compare SET          also time the fused forward with SET, a comma-separated list of\n"
       "                         minibatch-rows=N, ring-slots=N, lookahead=N, ctas-per-rank=N,\n"
       "                         comm-ctas-per-rank=N (or comm-ctas=N), against\n"
-      "                         the options above, alternating in one process on the same data\n"
+      "                         the options above, in mirrored rounds in one process on the same data\n"
       "                         (repeatable; the clock drifts, so only ratios within a round count)\n"
       "  --rounds N             alternations for --compare and --fp8 (default 3)\n"
       "  --train                also time the training-mode forward (it keeps each row's gate/up\n"
@@ -318,7 +319,7 @@ void compare_options(const Options& o, const mok::LayerConfig& config, const mok
   std::printf("[+] comparing %zu option sets, %d rounds of %d passes each (ratio = base time / set time)\n",
               forwards.size(), o.rounds, o.iterations);
   const auto visits = mok::tools::paired_rounds(
-      forwards, o.rounds, /*mirrored=*/false,
+      forwards, o.rounds, /*mirrored=*/true,
       [&](mok::FusedForward& forward) { return time_forward(forward, device.tensors(), o.iterations); },
       [&](const mok::tools::Visit& v) {
         std::printf("    round %d  %-40s %.3f ms alone (passes %.3f-%.3f), %.3f back to back, %.1f useful TFLOP/s\n",
