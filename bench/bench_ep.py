@@ -42,7 +42,7 @@ apply_no_multicast_env()  # before torch.distributed starts NCCL
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_timing import event_ms, balanced_times, upper_median  # noqa: E402
+from bench_timing import balanced_times, event_ms, upper_median  # noqa: E402
 
 SHAPES = {  # name: (H, I, E, k, shared width)
     "deepseek-v3": (7168, 2048, 256, 8, 2048),

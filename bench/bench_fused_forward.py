@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import mok  # noqa: E402  (loads libmok_torch.so)
 from mok.testing import split_world  # noqa: E402
-from bench_timing import event_ms, balanced_medians  # noqa: E402
+from bench_timing import balanced_medians, event_ms, upper_median  # noqa: E402
 
 
 # The benchmarked layers: name, T, H, I, E (one GPU's slice at EP 8), k, shared expert.
@@ -80,8 +80,7 @@ def median_ms(fn, warmup=5, iters=20):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = sorted(event_ms(fn) for _ in range(iters))
-    return times[len(times) // 2]
+    return upper_median([event_ms(fn) for _ in range(iters)])
 
 
 def paired_ms(fn_a, fn_b, cycles=3, iters=4, host_ahead=False):
