@@ -102,7 +102,7 @@ void run_weight_grad_patterns(int ctas, int tiles, int k_blocks, int reps) {
   MOK_CUDA_CHECK(cudaMalloc(&out, out_elems * sizeof(uint16_t)));
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kOutN), static_cast<cuuint64_t>(ctas) * kOutM};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kOutN) * 2};
-  const cuuint32_t box[2] = {64, 16};
+  const cuuint32_t box[2] = {64, 64};  // the kernel's: [64 rows][64 columns] a box (tile_store_async.cuh)
   const CUtensorMap out_map = device::encode_bf16_map("weight-gradient bench output", out, 2, dims, strides, box);
   long long* cycles = nullptr;
   float* sink = nullptr;

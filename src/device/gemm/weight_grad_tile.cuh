@@ -43,9 +43,14 @@ namespace mok::device {
 template <class Cfg>
 inline constexpr int kMNBoxBytes = Cfg::kBlockK * Cfg::kRowBytes;
 
+// K blocks of a tile over `rows` group rows (the last one partial).
+template <class Cfg>
+__device__ __forceinline__ int weight_grad_k_blocks(int rows) {
+  return (rows + Cfg::kBlockK - 1) / Cfg::kBlockK;
+}
 template <class Cfg>
 __device__ __forceinline__ int weight_grad_k_blocks(const WeightGradTile& tile) {
-  return (tile.rows + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  return weight_grad_k_blocks<Cfg>(tile.rows);
 }
 
 // One stage's whole boxes of an MN-major operand: kCols / 64 boxes of
@@ -137,7 +142,7 @@ __device__ __forceinline__ void mma_weight_grad_tile(GemmSharedStorage<Cfg>& sme
   // itself), so that ptxas keeps the trip count, the tail's cases and the
   // ring's cursor uniform, and with them the descriptors below.
   const int rows = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(tile.rows)));
-  const int k_blocks = (rows + Cfg::kBlockK - 1) / Cfg::kBlockK;  // 0: acc is not touched (the store writes zeros)
+  const int k_blocks = weight_grad_k_blocks<Cfg>(rows);  // 0: acc is not touched (the store writes zeros)
   const bool releaser = (threadIdx.x % 32) == 0;
   int prev_stage = -1;
   // Stage 0's descriptors, made once; a stage's are theirs moved by whole
