@@ -165,7 +165,9 @@ class FusedForward {
 
   // Waits for the last pass wherever it ran (on any stream of any of the
   // world's GPUs; the given streams are synchronized instead only before the
-  // first pass or after a captured one), then throws mok::Error if it
+  // first pass or after a captured one -- and a peer world's single-stream
+  // check, which cannot name a stream on each GPU, synchronizes each of its
+  // GPUs as a whole there), then throws mok::Error if it
   // aborted: a stalled wait (names the counter, ranks, target and observed
   // value) or a bad routing entry (names rank, token, slot and the id). Also
   // after close_peers(): the report was kept when the peers were unmapped.

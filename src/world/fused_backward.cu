@@ -246,9 +246,10 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
 }
 
 void FusedBackward::check(CUstream_st* stream) {
-  if (state_->core.kind == world::WorldKind::kPeer) {
+  if (state_->core.kind == world::WorldKind::kPeer) {  // one stream cannot name one on each GPU
+    world::wait_for_last_pass_on_every_gpu(state_->core);
     const std::vector<CUstream_st*> streams(state_->core.launches.size(), nullptr);
-    check(streams);
+    check(streams);  // the report (its wait returns at once)
     return;
   }
   check(std::span<CUstream_st* const>(&stream, 1));

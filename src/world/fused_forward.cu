@@ -219,9 +219,9 @@ void FusedForward::check(std::span<CUstream_st* const> streams) {
 }
 
 void FusedForward::check(CUstream_st* stream) {
-  if (state_->state.kind == WorldKind::kPeer) {
-    const std::vector<CUstream_st*> streams(state_->state.rank_device.size(), nullptr);
-    check(streams);
+  if (state_->state.kind == WorldKind::kPeer) {  // one stream cannot name one on each GPU
+    world::wait_for_last_pass_on_every_gpu(state_->state);
+    check_report();
     return;
   }
   check(std::span<CUstream_st* const>(&stream, 1));

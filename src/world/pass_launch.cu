@@ -211,4 +211,15 @@ void wait_for_last_pass(const WorldCore& s, std::span<const cudaStream_t> stream
   }
 }
 
+void wait_for_last_pass_on_every_gpu(const WorldCore& s) {
+  if (s.pass_done_recorded) {
+    wait_for_last_pass(s, {});
+    return;
+  }
+  for (const auto& launch : s.launches) {
+    DeviceScope on(launch.device);
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
 }  // namespace mok::world

@@ -66,4 +66,10 @@ void launch_pass(WorldState& state, World& world, std::vector<RankTensors> tenso
 // synchronizes `streams` instead (streams[i] on launch i's GPU).
 void wait_for_last_pass(const WorldCore& core, std::span<const cudaStream_t> streams);
 
+// The same for a caller that cannot name a stream on each GPU (a peer
+// world's single-stream check): where no pass event was recorded, every GPU
+// of the world is synchronized as a whole, so that a captured pass replayed
+// on a non-blocking stream is waited for too.
+void wait_for_last_pass_on_every_gpu(const WorldCore& core);
+
 }  // namespace mok::world

@@ -204,6 +204,43 @@ TEST(ProcessWorld, CheckAfterClosePeersStillReportsTheLastPass) {
 
 namespace {
 
+// A peer world's pass captured on a non-blocking stream and replayed behind
+// a held stream: the single-stream check() has no pass event to wait on (a
+// capture records none) and one stream cannot name one on each GPU, so it
+// synchronizes the world's GPUs. It used to wait on their default streams,
+// which a non-blocking stream does not join: the outputs were read before
+// the replay wrote them (review of 2026-12-01, section 5, item 5).
+TEST(GraphCapture, APeerWorldsReplayIsWaitedForByTheSingleStreamCheck) {
+  MOK_REQUIRE_HOPPER();
+  const auto config = mok::make_config(mok::find_shape("small"), 1, 96);
+  const std::vector<int> devices = {0};
+  mok::DeviceLayer layer(mok::synthetic::make_layer(config, 41), devices);
+  auto options = small_ring();
+  options.devices = devices;
+  mok::FusedForward forward(config, options);
+  const std::vector<uint16_t> eager = one_pass(forward, layer);
+
+  Stream stream;
+  const std::vector<cudaStream_t> streams = {stream.get()};
+  cudaGraph_t graph = nullptr;
+  MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  forward.run(layer.tensors(), streams);
+  MOK_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  MOK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    layer.poison_outputs();
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+    hold_stream(stream.get(), kHoldMs);
+    MOK_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    forward.check(stream.get());
+    EXPECT_EQ(layer.download_outputs(), eager) << "replay " << replay;
+  }
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  MOK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MOK_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 // A pass captured in a CUDA graph replays the tensors it was captured with;
 // one whose tensor maps would have to be built during the capture is refused
 // (the capture would record a host copy that replays stale maps).
