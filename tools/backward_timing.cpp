@@ -358,7 +358,7 @@ bool run_backward(const LayerConfig& config, const FusedForwardOptions& options,
     for (size_t i = 0; i < rs13.size(); ++i) dsw13[i] += rs13[i];  // the ranks' shares, in rank order
     for (size_t i = 0; i < rs2.size(); ++i) dsw2[i] += rs2[i];
   }
-  const WorldSchedule schedule = build_schedule(config, layer.routing(), {128, threads});
+  const WorldSchedule schedule = build_schedule(config, layer.routing(), {ScheduleOptions{}.tile_rows, threads});
   std::vector<const float*> dout_ptrs;
   for (const auto& d : dout_host) dout_ptrs.push_back(d.data());
   ReferenceOptions ref_options;

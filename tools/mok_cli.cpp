@@ -54,7 +54,7 @@ struct Options {
   std::string routing = "uniform";
   uint64_t seed = 1;
   int threads = 2;
-  int tile_rows = 128;
+  int tile_rows = mok::ScheduleOptions{}.tile_rows;  // the CPU path's schedule padding
   bool fp64 = false;
   bool backward = false;
   bool train = false;  // also time the forward's training mode (keeps gate/up for the backward)
@@ -87,7 +87,8 @@ void print_usage() {
       "  --routing MODE         uniform | skewed | same (default uniform)\n"
       "  --seed S               synthetic data seed (default 1)\n"
       "  --threads N            host threads for the reference (default 2)\n"
-      "  --tile-rows N          schedule padding per expert (default 128)\n"
+      "  --tile-rows N          schedule padding per expert on the CPU path (default 128; the\n"
+      "                         GPU passes pad to their own tiles)\n"
       "  --fp64                 run the reference in fp64 (no bf16 rounding)\n"
       "  --backward             also run the backward: on a GPU the fused backward (save mode; time,\n"
       "                         useful TFLOP/s, energy per pass (NVML), where a traced pass's time\n"
@@ -417,7 +418,8 @@ std::vector<uint16_t> run_poisoned(mok::FusedForward& forward, mok::DeviceLayer&
 
 // The CPU reference's forward of the synthetic layer (its dtype's recipe).
 mok::ReferenceForward reference_of(const mok::synthetic::Layer& layer, const mok::LayerConfig& config, int threads) {
-  const mok::WorldSchedule schedule = mok::build_schedule(config, layer.routing(), {128, threads});
+  const mok::WorldSchedule schedule =
+      mok::build_schedule(config, layer.routing(), {mok::ScheduleOptions{}.tile_rows, threads});
   mok::ReferenceOptions options;
   options.num_threads = threads;
   return mok::reference_forward(layer.inputs(), schedule, options);

@@ -1,6 +1,7 @@
 // The deterministic schedule as plain functions over caller-owned arrays: no
-// STL, no allocation, no exceptions, so the host planner and device code run
-// the very same rule.
+// STL, no allocation, no exceptions (MOK_HD). The host planner runs them; the
+// fused kernels build the same rule in their own parallel form
+// (src/device/roles/schedule_role.cuh), checked through its results.
 //
 // The rule. Receiver rank r owns experts [first_expert, first_expert + El).
 // Each local expert's rows are the (rank, token, slot) entries routed to it,

@@ -17,7 +17,7 @@ namespace mok::test_support {
 
 inline double relative_error_to_reference(const std::vector<uint16_t>& out, const synthetic::Layer& layer) {
   const auto routing = layer.routing();
-  const auto schedule = build_schedule(layer.config, routing, {128, 1});
+  const auto schedule = build_schedule(layer.config, routing, ScheduleOptions{});
   ReferenceOptions options;
   options.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return relative_l2_error(out, reference_forward(layer.inputs(), schedule, options).out);
