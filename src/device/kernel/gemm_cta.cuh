@@ -25,7 +25,7 @@ namespace mok::device {
 
 inline constexpr int kFusedThreads = FusedGemmCfg::kThreads;  // 1 producer + 2 consumer warpgroups
 inline constexpr int kFusedWarps = kFusedThreads / 32;
-inline constexpr int kGemmCombineWarps = 8;  // the consumer warps
+inline constexpr int kGemmCombineWarps = FusedGemmCfg::kConsumerWarps;  // the consumer warps join the combine
 static_assert(kFusedWarps == kScheduleWarpsPerCta, "every warp of a dispatch CTA builds the schedule");
 
 template <class A, class B>
