@@ -27,6 +27,12 @@ bf16 shared expert's at the bf16 rate, against all of it at the bf16 rate):
 the FP8-over-bf16 ratio a layer running at the dense rates would reach, to
 read issue 16's 1.45x against.
 
+The default table ends with the backward's and the forward+backward's
+bound under the cap: native's energy per call over what the same useful
+FLOPs cost at the dense matmul's energy per FLOP (what an implementation as
+lean as the matmul would reach against native, sustained), beside native's
+energy over mok's.
+
 usage: python3 bench/bench_energy.py [--seconds 1.0] [--weight-grad-k | --fp8]
 """
 from __future__ import annotations
@@ -216,6 +222,15 @@ def main():
         out = torch_native(leaves[0], ids, *leaves[1:])
         torch.autograd.grad(out, leaves, dout)
 
+    # The backwards alone, each on a graph recorded once (retain_graph):
+    # their energy per useful FLOP against the matmul's bounds the backward's
+    # ratio under the cap, as the steps' bound the forward+backward's.
+    mok_leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
+    mok_out = mok.fused_forward([mok_leaves[0]], [ids], [mok_leaves[1]], [mok_leaves[2]], [mok_leaves[3]],
+                                mok_leaves[4], mok_leaves[5], num_experts=E, save_activations=True)[0]
+    native_leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
+    native_out = torch_native(native_leaves[0], ids, *native_leaves[1:])
+
     # (name, fn, useful FLOP or None, bytes moved or None)
     items = [
         ("dense matmul 8192^3", lambda: a @ b, 2 * 8192**3, None),
@@ -231,14 +246,31 @@ def main():
         ("weight_grad_mm dW2 (routed, bf16)", lambda: mok.weight_grad_mm(dout_rows, hw, off, rows, E, torch.bfloat16),
          2 * M * H * I, None),
         ("row_combine dx", lambda: mok.row_combine(dx_rows, slot_rows, dout), None, (M + 2 * T) * H * 2),
+        ("mok backward (save mode)", lambda: torch.autograd.grad(mok_out, mok_leaves, dout, retain_graph=True),
+         2 * fwd, None),
+        ("native backward", lambda: torch.autograd.grad(native_out, native_leaves, dout, retain_graph=True),
+         2 * fwd, None),
         ("mok forward+backward (save mode)", mok_step, 3 * fwd, None),
         ("native forward+backward", native_step, 3 * fwd, None),
     ]
     print(f"device: {torch.cuda.get_device_name()}; DeepSeek-V3 slice (T {T}, H {H}, I {I}, {E} experts, top-{k}, "
           f"shared {S}); each item back to back for ~{args.seconds:.1f} s", flush=True)
     print(HEADER)
+    joules = {}
     for name, fn, flops, nbytes in items:
-        print_row(name, flops, nbytes, *measure(nvml, fn, args.seconds))
+        result = measure(nvml, fn, args.seconds)
+        joules[name] = result[1]
+        print_row(name, flops, nbytes, *result)
+    # Under the cap a sustained call's time is its energy over the cap's
+    # watts, so native's energy over mok's is the sustained time ratio, and
+    # native's over what the same FLOPs cost at the matmul's energy per FLOP
+    # is the most any implementation can reach against native there.
+    matmul_pj = joules["dense matmul 8192^3"] / (2 * 8192**3)
+    for what, flops, m, n in (("backward", 2 * fwd, "mok backward (save mode)", "native backward"),
+                              ("forward+backward", 3 * fwd, "mok forward+backward (save mode)",
+                               "native forward+backward")):
+        print(f"{what}: native / mok energy {joules[n] / joules[m]:.3f}x; native / the same FLOPs at the "
+              f"matmul's energy per FLOP {joules[n] / (flops * matmul_pj):.3f}x (the bound under the cap)")
 
 
 if __name__ == "__main__":

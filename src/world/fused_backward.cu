@@ -245,19 +245,10 @@ void FusedBackward::enqueue(std::span<const BackwardRankTensors> ranks, std::spa
   world::enqueue_backward_pass(s, ranks, maps, accumulate, bf16_grads, cuda_streams);
 }
 
-void FusedBackward::check(CUstream_st* stream) {
-  if (state_->core.kind == world::WorldKind::kPeer) {  // one stream cannot name one on each GPU
-    world::wait_for_last_pass_on_every_gpu(state_->core);
-    const std::vector<CUstream_st*> streams(state_->core.launches.size(), nullptr);
-    check(streams);  // the report (its wait returns at once)
-    return;
-  }
-  check(std::span<CUstream_st* const>(&stream, 1));
-}
+namespace {
 
-void FusedBackward::check(std::span<CUstream_st* const> streams) {
-  State& s = *state_;
-  world::wait_for_last_pass(s.core, std::vector<cudaStream_t>(streams.begin(), streams.end()));
+// The last pass's report, once it has finished: a clear error if it aborted.
+void throw_if_backward_aborted(world::BackwardState& s) {
   world::PassReport report;
   if (!s.core.device_ordered()) {
     report = s.core.read_report_words();
@@ -283,6 +274,22 @@ void FusedBackward::check(std::span<CUstream_st* const> streams) {
               std::to_string(stall.index) + "] of rank " + std::to_string(stall.owner) + " for " +
               std::to_string(stall.target) + " and saw " + std::to_string(stall.observed) +
               " before the timeout");
+}
+
+}  // namespace
+
+void FusedBackward::check(CUstream_st* stream) {
+  if (state_->core.kind == world::WorldKind::kPeer) {  // one stream cannot name one on each GPU
+    world::wait_for_last_pass_on_every_gpu(state_->core);
+    throw_if_backward_aborted(*state_);
+    return;
+  }
+  check(std::span<CUstream_st* const>(&stream, 1));
+}
+
+void FusedBackward::check(std::span<CUstream_st* const> streams) {
+  world::wait_for_last_pass(state_->core, std::vector<cudaStream_t>(streams.begin(), streams.end()));
+  throw_if_backward_aborted(*state_);
 }
 
 std::vector<uint8_t> FusedBackward::export_handle() const {

@@ -45,6 +45,30 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// What `enqueue` launches on `stream`, captured into a CUDA graph and
+// instantiated; destroyed with the object.
+class CapturedGraph {
+ public:
+  template <class Enqueue>
+  CapturedGraph(cudaStream_t stream, Enqueue&& enqueue) {
+    MOK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    enqueue();
+    MOK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    MOK_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(cudaStream_t stream) const { MOK_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 std::vector<uint16_t> one_pass(mok::FusedForward& forward, mok::DeviceLayer& device) {
   device.poison_outputs();
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
@@ -222,23 +246,16 @@ TEST(GraphCapture, APeerWorldsReplayIsWaitedForByTheSingleStreamCheck) {
 
   Stream stream;
   const std::vector<cudaStream_t> streams = {stream.get()};
-  cudaGraph_t graph = nullptr;
-  MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
-  forward.run(layer.tensors(), streams);
-  MOK_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  MOK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream.get(), [&] { forward.run(layer.tensors(), streams); });
   for (int replay = 0; replay < 2; ++replay) {
     layer.poison_outputs();
     MOK_CUDA_CHECK(cudaDeviceSynchronize());
     hold_stream(stream.get(), kHoldMs);
-    MOK_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    graph.launch(stream.get());
     forward.check(stream.get());
     EXPECT_EQ(layer.download_outputs(), eager) << "replay " << replay;
   }
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
-  MOK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MOK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 // A pass captured in a CUDA graph replays the tensors it was captured with;
@@ -253,21 +270,17 @@ TEST(GraphCapture, APassWithTheLastPassesTensorsReplaysItsBitsAndOneWithNewTenso
   const std::vector<uint16_t> eager = one_pass(forward, first);
 
   Stream stream;
-  cudaGraph_t graph = nullptr;
-  MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
-  forward.run(first.tensors(), stream.get());
-  MOK_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  MOK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    first.poison_outputs();
-    MOK_CUDA_CHECK(cudaDeviceSynchronize());
-    MOK_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
-    forward.check(stream.get());
-    EXPECT_EQ(first.download_outputs(), eager) << "replay " << replay;
+  {
+    const CapturedGraph graph(stream.get(), [&] { forward.run(first.tensors(), stream.get()); });
+    for (int replay = 0; replay < 3; ++replay) {
+      first.poison_outputs();
+      MOK_CUDA_CHECK(cudaDeviceSynchronize());
+      graph.launch(stream.get());
+      forward.check(stream.get());
+      EXPECT_EQ(first.download_outputs(), eager) << "replay " << replay;
+    }
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   }
-  MOK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MOK_CUDA_CHECK(cudaGraphDestroy(graph));
 
   MOK_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
   try {
