@@ -211,25 +211,29 @@ def main():
     b = torch.randn(8192, 8192, device="cuda").bfloat16()
     fwd = forward_flops(T, H, I, k, S)
 
+    def fresh_leaves():
+        return [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
+
+    def mok_forward(leaves):
+        return mok.fused_forward([leaves[0]], [ids], [leaves[1]], [leaves[2]], [leaves[3]], leaves[4], leaves[5],
+                                 num_experts=E, save_activations=True)[0]
+
+    def native_forward(leaves):
+        return torch_native(leaves[0], ids, *leaves[1:])
+
     def mok_step():
-        leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
-        out = mok.fused_forward([leaves[0]], [ids], [leaves[1]], [leaves[2]], [leaves[3]], leaves[4], leaves[5],
-                                num_experts=E, save_activations=True)[0]
-        torch.autograd.grad(out, leaves, dout)
+        leaves = fresh_leaves()
+        torch.autograd.grad(mok_forward(leaves), leaves, dout)
 
     def native_step():
-        leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
-        out = torch_native(leaves[0], ids, *leaves[1:])
-        torch.autograd.grad(out, leaves, dout)
+        leaves = fresh_leaves()
+        torch.autograd.grad(native_forward(leaves), leaves, dout)
 
     # The backwards alone, each on a graph recorded once (retain_graph):
     # their energy per useful FLOP against the matmul's bounds the backward's
     # ratio under the cap, as the steps' bound the forward+backward's.
-    mok_leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
-    mok_out = mok.fused_forward([mok_leaves[0]], [ids], [mok_leaves[1]], [mok_leaves[2]], [mok_leaves[3]],
-                                mok_leaves[4], mok_leaves[5], num_experts=E, save_activations=True)[0]
-    native_leaves = [t.detach().requires_grad_() for t in (x, w, w13, w2, sw13, sw2)]
-    native_out = torch_native(native_leaves[0], ids, *native_leaves[1:])
+    mok_leaves, native_leaves = fresh_leaves(), fresh_leaves()
+    mok_out, native_out = mok_forward(mok_leaves), native_forward(native_leaves)
 
     # (name, fn, useful FLOP or None, bytes moved or None)
     items = [
