@@ -299,7 +299,10 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     """The layer's gradients given dout = dL/dout [T, H] (bf16 or fp32), for one
     rank holding every token and every expert (global ids index w13 [E, 2I, H]
     and w2 [E, H, I]); shared_w13 [2S, H] and shared_w2 [H, S], or None.
-    ops: the kernels (None: ops_for(x.device)). grad_dtype: the weight
+    ops: the kernels (None: ops_for(x.device), and on CUDA tensors in eager
+    mode the same chain enqueued from C++, torch.ops.mok.staged_backward:
+    the same kernels in the same order, so the same bits, without ~0.5 ms of
+    Python between the launches; given: this Python chain). grad_dtype: the weight
     gradients' dtype (None: fp32; bf16: the fp32 sums rounded once, as a bf16
     weight's gradient is). saved: what the forward's training mode kept (save
     mode: its schedule and pre-activations are used, nothing is recomputed),
@@ -311,6 +314,10 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     it already (the autograd does, in the forward); saved's schedule lists
     are then not read.
     """
+    if ops is None and _enqueues_from_cpp(x):
+        return _layer_backward_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, needs=needs,
+                                  grad_dtype=grad_dtype, saved=saved, tokens_per_rank=tokens_per_rank,
+                                  main_grads=main_grads, schedule=schedule)
     ops = ops_for(x.device) if ops is None else ops
     T, H = x.shape
     dout = dout.to(x.dtype).contiguous()
@@ -338,6 +345,39 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
         # one bf16 rounding (one pass over the slot rows).
         dx = ops.row_combine(dx_rows, slot_rows, dx_shared).to(x.dtype)
     return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
+
+
+def _enqueues_from_cpp(x: torch.Tensor) -> bool:
+    """Whether layer_backward hands its chain to torch.ops.mok.staged_backward:
+    real CUDA tensors in eager mode, with a library that has the op. Traced
+    code (torch.compile, fake tensors, any dispatch mode) gets the Python
+    chain, whose ops all have shape functions."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    return (x.is_cuda and type(x) is torch.Tensor and hasattr(torch.ops.mok, "staged_backward")
+            and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
+
+
+def _layer_backward_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *, needs: Needs, grad_dtype,
+                       saved: SavedForward | None, tokens_per_rank, main_grads: MainGrads,
+                       schedule: Schedule | None) -> LayerGrads:
+    """layer_backward through torch.ops.mok.staged_backward (its arguments
+    flattened: the schedule's tensors, the pre-activations, the Needs)."""
+    preact = shared_preact = None
+    if saved is not None:  # what layer_backward reads of it: only for the parts that run
+        if needs.x or needs.weights or needs.w13 or needs.w2:
+            if schedule is None:
+                schedule = saved_schedule(saved, tokens_per_rank or [x.shape[0]], expert_ids.shape[1])
+            preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
+        if shared_w13 is not None and (needs.x or needs.shared_w13 or needs.shared_w2):
+            shared_preact = (torch.cat(list(saved.shared_preact)) if len(saved.shared_preact) > 1
+                             else saved.shared_preact[0])
+    s = schedule
+    grads = torch.ops.mok.staged_backward(
+        dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
+        None if s is None else s.entry_of_row, None if s is None else s.row_of_entry,
+        None if s is None else s.group_offset, None if s is None else s.group_rows,
+        [int(n) for n in needs], grad_dtype, *main_grads)
+    return LayerGrads(*grads)
 
 
 __all__ = ["BackwardOps", "LayerGrads", "MainGrads", "Needs", "SavedForward", "Schedule", "saved_schedule", "has_kernel_ops", "kernel_ops", "layer_backward",

@@ -44,7 +44,10 @@ def test_bf16_accumulate_adds_the_rounded_sum_as_torch_would():
 
 @pytest.fixture()
 def in_place_calls(monkeypatch):
-    """The bf16 buffers the staged backward's weight_grad_mm_acc_ added to."""
+    """The bf16 buffers the staged backward's weight_grad_mm_acc_ added to:
+    by the chain enqueued from Python (its op counted) or from C++
+    (torch.ops.mok.staged_backward: the bf16 main buffers it was handed for
+    gradients it computes, which it adds to as the Python chain does)."""
     calls = []
     ops = mok.staged_backward.kernel_ops()
 
@@ -53,7 +56,21 @@ def in_place_calls(monkeypatch):
             calls.append(out.data_ptr())
         return ops.weight_grad_mm_acc_(out, *args)
 
+    from_cpp = mok.staged_backward._layer_backward_op
+
+    def counting_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, **kw):
+        needs, main = kw["needs"], kw["main_grads"]
+        routed = needs.x or needs.weights or needs.w13 or needs.w2
+        shared = shared_w13 is not None and (needs.x or needs.shared_w13 or needs.shared_w2)
+        for runs, needed, out in ((routed, needs.w13, main.w13), (routed, needs.w2, main.w2),
+                                  (shared, needs.shared_w13, main.shared_w13),
+                                  (shared, needs.shared_w2, main.shared_w2)):
+            if runs and needed and out is not None and out.dtype == torch.bfloat16:
+                calls.append(out.data_ptr())
+        return from_cpp(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, **kw)
+
     monkeypatch.setattr(mok.staged_backward, "kernel_ops", lambda: ops._replace(weight_grad_mm_acc_=counting))
+    monkeypatch.setattr(mok.staged_backward, "_layer_backward_op", counting_op)
     return calls
 
 
