@@ -174,6 +174,12 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     (scalars where a tensor of them would be one more launch, and nothing for
     what is already in the right form at R = 1), all integer arithmetic."""
     R = len(saved.schedule_rows)
+    if _eager_cuda(saved.schedule_rows[0], "staged_schedule"):
+        # The same tables from one kernel (include/mok/staged_schedule.hpp);
+        # this function's ops below stay the reference, and what is traced.
+        entry_of_row, row_of_entry, token_of_row = torch.ops.mok.staged_schedule(
+            list(saved.schedule_rows), list(saved.expert_offset), [int(t) for t in tokens_per_rank], top_k)
+        return Schedule(entry_of_row, row_of_entry, token_of_row, *_saved_groups(saved))
     cap = saved.schedule_rows[0].shape[0]
     El = saved.expert_rows[0].shape[0]
     device = saved.schedule_rows[0].device
@@ -207,14 +213,20 @@ def saved_schedule(saved: SavedForward, tokens_per_rank, top_k: int) -> Schedule
     all_rows = torch.arange(R * cap, device=device)
     row_of_entry = torch.zeros(T * top_k + R * cap, dtype=torch.long, device=device)
     row_of_entry.index_put_((torch.where(real, entry_of_row, T * top_k + all_rows),), all_rows)
+    return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, *_saved_groups(saved))
+
+
+def _saved_groups(saved: SavedForward):
+    """(group_offset, group_rows) int32 of the saved schedule's padded groups,
+    every rank's concatenated (rank r's rows at r * saved rows)."""
+    R = len(saved.schedule_rows)
     if R == 1:  # the forward's own offsets and counts, already int32
-        group_offset, group_rows = saved.expert_offset[0], saved.expert_rows[0]
-    else:
-        group_offset = torch.cat([offsets[:El] + r * cap for r, offsets in enumerate(saved.expert_offset)]
-                                 + [saved.expert_offset[-1][El:] + (R - 1) * cap])
-        group_rows = torch.cat(list(saved.expert_rows))
-    return Schedule(entry_of_row, row_of_entry[:T * top_k], token_of_row, group_offset.to(torch.int32),
-                    group_rows.to(torch.int32))
+        return saved.expert_offset[0], saved.expert_rows[0]
+    cap = saved.schedule_rows[0].shape[0]
+    El = saved.expert_rows[0].shape[0]
+    group_offset = torch.cat([offsets[:El] + r * cap for r, offsets in enumerate(saved.expert_offset)]
+                             + [saved.expert_offset[-1][El:] + (R - 1) * cap])
+    return group_offset.to(torch.int32), torch.cat(list(saved.expert_rows)).to(torch.int32)
 
 
 def _weight_grads(ops: BackwardOps, pairs, group_offset, group_rows, groups, grad_dtype):
@@ -347,14 +359,20 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     return LayerGrads(dx, dweights, dw13, dw2, dsw13, dsw2)
 
 
-def _enqueues_from_cpp(x: torch.Tensor) -> bool:
-    """Whether layer_backward hands its chain to torch.ops.mok.staged_backward:
-    real CUDA tensors in eager mode, with a library that has the op. Traced
-    code (torch.compile, fake tensors, any dispatch mode) gets the Python
-    chain, whose ops all have shape functions."""
+def _eager_cuda(t: torch.Tensor, op_name: str) -> bool:
+    """Whether a real CUDA tensor meets eager mode and the loaded library has
+    torch.ops.mok.<op_name>: then the C++ path of a step here runs (the same
+    kernels or tables as its Python ops). Traced code (torch.compile, fake
+    tensors, any dispatch mode) gets the Python ops, which all have shape
+    functions."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
-    return (x.is_cuda and type(x) is torch.Tensor and hasattr(torch.ops.mok, "staged_backward")
+    return (t.is_cuda and type(t) is torch.Tensor and hasattr(torch.ops.mok, op_name)
             and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
+
+
+def _enqueues_from_cpp(x: torch.Tensor) -> bool:
+    """Whether layer_backward hands its chain to torch.ops.mok.staged_backward."""
+    return _eager_cuda(x, "staged_backward")
 
 
 def _layer_backward_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *, needs: Needs, grad_dtype,

@@ -1,5 +1,5 @@
 """The backward's ops (grouped_mm_kn, swiglu_backward_mm, weight_grad_mm,
-weight_grad_mm_acc_, scatter_rows) without a GPU: output shapes on meta tensors, each bad
+weight_grad_mm_acc_, scatter_rows, staged_schedule) without a GPU: output shapes on meta tensors, each bad
 argument named (op_errors.hpp's convention), CPU tensors refused. Their values:
 test_backward_gpu.py."""
 
@@ -110,3 +110,25 @@ def test_cpu_tensors_are_refused_by_name(op):
     first = {"swiglu_backward_mm": "dout_rows", "weight_grad_mm_acc_": "out"}.get(op, "a")
     with pytest.raises(RuntimeError, match=first + " is on cpu; mok runs on CUDA tensors"):
         _call(op, args)
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.mok, "staged_schedule"), reason="libmok_torch.so predates the op")
+def test_staged_schedule_shapes_and_bad_arguments():
+    # Two ranks of 100 saved rows, 30 + 20 tokens, k = 3: a table per saved
+    # row (all ranks) and one per entry of the world's tokens.
+    rows = [_t(100, 3, dtype=torch.int32)] * 2
+    offsets = [_t(5, dtype=torch.int32)] * 2
+    entry_of_row, row_of_entry, token_of_row = torch.ops.mok.staged_schedule(rows, offsets, [30, 20], 3)
+    assert entry_of_row.shape == token_of_row.shape == (200,) and row_of_entry.shape == (150,)
+    assert entry_of_row.dtype == row_of_entry.dtype == token_of_row.dtype == torch.long
+    with pytest.raises(RuntimeError, match="one entry a rank"):
+        torch.ops.mok.staged_schedule(rows, offsets[:1], [30, 20], 3)
+    with pytest.raises(RuntimeError, match=r"schedule_rows\[1\] must be \[rows of rank 0, 3\]"):
+        torch.ops.mok.staged_schedule([rows[0], _t(90, 3, dtype=torch.int32)], offsets, [30, 20], 3)
+    with pytest.raises(RuntimeError, match=r"schedule_rows\[0\] must be Int \(got Long\)"):
+        torch.ops.mok.staged_schedule([_t(100, 3, dtype=torch.long)], offsets[:1], [30], 3)
+    with pytest.raises(RuntimeError, match="top_k = 0 must be >= 1"):
+        torch.ops.mok.staged_schedule(rows, offsets, [30, 20], 0)
+    with pytest.raises(RuntimeError, match="runs on CUDA tensors"):
+        torch.ops.mok.staged_schedule([torch.zeros(10, 3, dtype=torch.int32)], [torch.zeros(3, dtype=torch.int32)],
+                                      [5], 2)

@@ -1,9 +1,14 @@
-"""torch.ops.mok.staged_backward (the staged backward's chain enqueued from
-C++) against the same chain enqueued from Python (mok/staged_backward.py's
-layer_backward with the kernels given): the same bits for every gradient, in
-save and recompute mode, with and without a shared expert, on virtual worlds
-of 1 and 2 ranks, for every subset of needed gradients, and into main_grad
-buffers. On a Hopper GPU, fresh random data."""
+"""The staged backward's C++ paths against their Python references, on a
+Hopper GPU with fresh random data:
+- torch.ops.mok.staged_backward (the chain enqueued from C++) against the
+  same chain enqueued from Python (mok/staged_backward.py's layer_backward
+  with the kernels given): the same bits for every gradient, in save and
+  recompute mode, with and without a shared expert, on virtual worlds of 1
+  and 2 ranks, for every subset of needed gradients, and into main_grad
+  buffers;
+- torch.ops.mok.staged_schedule (the saved schedule's row tables from one
+  kernel) against saved_schedule's torch ops: the same tables on worlds of
+  1, 2 and 4 ranks, with padding rows, empty experts and unused capacity."""
 
 import pytest
 import torch
@@ -92,3 +97,43 @@ def test_save_mode_schedule_and_repeats():
         for name, a, b in zip(got._fields, got, want):
             assert a is not None and torch.isfinite(a).all(), name
             assert _equal(a, b), name
+
+
+def _python_tables(saved, tokens, k, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(staged_backward, "_eager_cuda", lambda t, op: False)
+        return staged_backward.saved_schedule(saved, tokens, k)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_schedule_tables_from_one_kernel_are_the_python_ones(world, monkeypatch):
+    # A real training forward's saved schedule (uneven ranks: the last gets
+    # fewer tokens; odd experts get no rows; capacity left unused), then the
+    # same with garbage in the rows past each rank's schedule end (never read).
+    T, H, I, E, K = 300, 128, 64, 8, 3
+    x, _, w, w13, w2, _, _ = random_global_layer(T, H, I, E, K, 0, seed=80 + world, device="cuda")
+    base = torch.randint(0, E // 2, (T, 1), device="cuda", generator=torch.Generator(device="cuda").manual_seed(82))
+    ids = (2 * ((base + torch.arange(K, device="cuda")) % (E // 2))).int()  # distinct, even experts only
+    tokens = [T // world] * (world - 1) + [T - (T // world) * (world - 1) - 7]
+    x, ids, w = x[:sum(tokens)], ids[:sum(tokens)], w[:sum(tokens)]
+    bounds = [0]
+    for t in tokens:
+        bounds.append(bounds[-1] + t)
+    E_r = E // world
+    outs = torch.ops.mok.fused_forward_train(
+        [x[a:b] for a, b in zip(bounds, bounds[1:])], [ids[a:b] for a, b in zip(bounds, bounds[1:])],
+        [w[a:b] for a, b in zip(bounds, bounds[1:])], list(w13.split(E_r)), list(w2.split(E_r)), None, None, E,
+        tuning_list({}), True)
+    saved = staged_backward.SavedForward(*(list(group) for group in outs[1:]))
+    for garbage in (False, True):
+        if garbage:
+            g = torch.Generator(device="cuda").manual_seed(81)
+            for rows, offsets in zip(saved.schedule_rows, saved.expert_offset):
+                end = int(offsets[-1])
+                rows[end:] = torch.randint(-5, 1000, rows[end:].shape, device="cuda", generator=g,
+                                           dtype=torch.int32)
+        got = staged_backward.saved_schedule(saved, tokens, K)
+        want = _python_tables(saved, tokens, K, monkeypatch)
+        for name, a, b in zip(staged_backward.Schedule._fields, got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (garbage, name)
+        assert all(_equal(a, b) for a, b in zip(got, staged_backward.saved_schedule(saved, tokens, K)))
