@@ -83,10 +83,25 @@ tensors, which cost a DeepSeek-V3-size layer's backward ~1.4 ms):
   torch.ops.mok.scatter_rows(sources, row_of_entry, entry_of_row, *, zero_padding=True) -> outs
       outs[s][r] = sources[s][e // k] for the entry e that claims row r, else 0.
   torch.ops.mok.grouped_mm_fp8(a, a_scales, b, b_scales, group_offset, group_rows) -> out
+  torch.ops.mok.staged_schedule(schedule_rows, expert_offset, tokens_per_rank, top_k)
+      -> (entry_of_row, row_of_entry, token_of_row)
+      The staged backward's row tables from fused_forward_train's kept schedule
+      in one kernel (staged_backward.saved_schedule's first three fields).
+  torch.ops.mok.staged_backward(dout, x, expert_ids, weights, w13, w2, shared_w13,
+                                shared_w2, preact, shared_preact, entry_of_row,
+                                row_of_entry, group_offset, group_rows, needs,
+                                grad_dtype, main_w13, main_w2, main_shared_w13,
+                                main_shared_w2) -> (dx, dweights, dw13, dw2,
+                                                    dshared_w13, dshared_w2)
+      staged_backward.layer_backward's chain of the ops above, enqueued from
+      C++ (the same kernels in the same order, so the same bits); a gradient
+      not needed, or added to its main_* buffer, comes back as None. CUDA
+      tensors in eager mode only: it has no fake kernel, and traced code
+      gets layer_backward's Python chain.
 
 Every op raises RuntimeError on bad input, before any work, naming the
-argument; each has a fake (meta) kernel, so torch.compile(fullgraph=True)
-traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
+argument; each but staged_backward has a fake (meta) kernel, so
+torch.compile(fullgraph=True) traces it. Backward (mok/autograd.py): fused_forward and grouped_mm have one
 (fused_forward with MOK_BACKWARD=fused on CUDA: the fused backward kernel;
 otherwise staged: separate kernels); grouped_mm_swiglu's and
 fused_forward_fp8's backward raise. K
