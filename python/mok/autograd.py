@@ -361,17 +361,18 @@ def _fused_forward_train_backward(ctx, douts, *unused):
     if not ctx.keep_preact:  # nothing kept but the inputs: the staged backward recomputes
         return _fused_forward_backward(ctx, douts)
     R = ctx.world
-    kept = ctx.saved_tensors[5 * R + 2:]
+    saved = ctx.saved_tensors  # unpacked once: each access checks and wraps every saved tensor again
+    kept = saved[5 * R + 2:]
     preact, shared_preact = list(kept[:R]), list(kept[R:2 * R])
     schedule = staged_backward.Schedule(*kept[2 * R:])
     return _fused_forward_backward(ctx, douts, staged_backward.SavedForward(preact, shared_preact, None, None, None),
-                                   schedule)
+                                   schedule, saved)
 
 
-def _fused_forward_backward(ctx, douts, kept=None, schedule=None):
+def _fused_forward_backward(ctx, douts, kept=None, schedule=None, saved=None):
     _refuse_double_backward("mok.fused_forward")
     R = ctx.world
-    saved = ctx.saved_tensors
+    saved = ctx.saved_tensors if saved is None else saved
     x, expert_ids, weights, w13, w2 = (list(saved[i * R:(i + 1) * R]) for i in range(5))
     shared_w13, shared_w2 = saved[5 * R], saved[5 * R + 1]
     need = ctx.needs_input_grad
