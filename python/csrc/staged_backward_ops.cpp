@@ -144,6 +144,7 @@ Grads staged_backward(const at::Tensor& dout_in, const at::Tensor& x, const at::
          "staged_backward: x [T, H], expert_ids [T, k] and w13 [E, 2I, H] expected (got shapes " +
              mok::torch_ops::shape_of(x) + ", " + mok::torch_ops::shape_of(expert_ids) + ", " +
              mok::torch_ops::shape_of(w13) + ")");
+  mok::torch_ops::expect_cuda(x.device(), "x");
   const c10::cuda::CUDAGuard guard(x.device());
   const Kernels& k = kernels();
   const int64_t T = x.size(0), top_k = expert_ids.size(1), E = w13.size(0);
@@ -218,3 +219,6 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
 }
 
 TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("staged_backward", &staged_backward); }
+// CPU tensors reach the checks, which refuse them by name (the CPU runs
+// layer_backward's Python chain on mok.testing's reference ops instead).
+TORCH_LIBRARY_IMPL(mok, CPU, m) { m.impl("staged_backward", &staged_backward); }

@@ -132,3 +132,18 @@ def test_staged_schedule_shapes_and_bad_arguments():
     with pytest.raises(RuntimeError, match="runs on CUDA tensors"):
         torch.ops.mok.staged_schedule([torch.zeros(10, 3, dtype=torch.int32)], [torch.zeros(3, dtype=torch.int32)],
                                       [5], 2)
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.mok, "staged_backward"), reason="libmok_torch.so predates the op")
+def test_staged_backward_refuses_cpu_tensors_and_a_partial_schedule():
+    T, H, I, E, k = 8, 64, 64, 2, 1
+    args = (torch.zeros(T, H, dtype=torch.bfloat16), torch.zeros(T, H, dtype=torch.bfloat16),
+            torch.zeros(T, k, dtype=torch.int32), torch.ones(T, k), torch.zeros(E, 2 * I, H, dtype=torch.bfloat16),
+            torch.zeros(E, H, I, dtype=torch.bfloat16), None, None, None, None)
+    with pytest.raises(RuntimeError, match="x is on cpu; mok runs on CUDA tensors"):
+        torch.ops.mok.staged_backward(*args, None, None, None, None, [1] * 6, None, None, None, None, None)
+    with pytest.raises(RuntimeError, match="all four schedule tensors"):
+        torch.ops.mok.staged_backward(*args, torch.zeros(T, dtype=torch.long), None, None, None, [1] * 6, None,
+                                      None, None, None, None)
+    with pytest.raises(RuntimeError, match="needs must have 6 entries"):
+        torch.ops.mok.staged_backward(*args, None, None, None, None, [1] * 5, None, None, None, None, None)
