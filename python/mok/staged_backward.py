@@ -47,6 +47,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 class BackwardOps(NamedTuple):
@@ -326,29 +327,24 @@ def layer_backward(dout, x, expert_ids, weights, w13, w2, shared_w13=None, share
     it already (the autograd does, in the forward); saved's schedule lists
     are then not read.
     """
-    if ops is None and _enqueues_from_cpp(x):
-        return _layer_backward_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, needs=needs,
-                                  grad_dtype=grad_dtype, saved=saved, tokens_per_rank=tokens_per_rank,
-                                  main_grads=main_grads, schedule=schedule)
-    ops = ops_for(x.device) if ops is None else ops
-    T, H = x.shape
-    dout = dout.to(x.dtype).contiguous()
-    has_shared = shared_w13 is not None
     routed = needs.x or needs.weights or needs.w13 or needs.w2
+    shared = shared_w13 is not None and (needs.x or needs.shared_w13 or needs.shared_w2)
+    schedule, preact, shared_preact = _from_saved(saved, schedule, routed, shared, tokens_per_rank or [x.shape[0]],
+                                                  expert_ids.shape[1])
+    if ops is None and _enqueues_from_cpp(x):
+        s = schedule
+        return LayerGrads(*torch.ops.mok.staged_backward(
+            dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
+            None if s is None else s.entry_of_row, None if s is None else s.row_of_entry,
+            None if s is None else s.group_offset, None if s is None else s.group_rows,
+            [int(n) for n in needs], grad_dtype, *main_grads))
+    ops = ops_for(x.device) if ops is None else ops
+    dout = dout.to(x.dtype).contiguous()
     slot_rows = dx_rows = dweights = dw13 = dw2 = dx_shared = dsw13 = dsw2 = None
     if routed:
-        preact = None
-        if saved is not None:
-            if schedule is None:
-                schedule = saved_schedule(saved, tokens_per_rank or [T], expert_ids.shape[1])
-            preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
         slot_rows, dx_rows, dweights, dw13, dw2 = _routed(dout, x, expert_ids, weights, w13, w2, needs, ops,
                                                           grad_dtype, schedule, preact, main_grads)
-    if has_shared and (needs.x or needs.shared_w13 or needs.shared_w2):
-        shared_preact = None
-        if saved is not None:
-            shared_preact = torch.cat(list(saved.shared_preact)) if len(saved.shared_preact) > 1 else \
-                saved.shared_preact[0]
+    if shared:
         dx_shared, dsw13, dsw2 = _shared(dout, x, shared_w13, shared_w2, needs, ops, grad_dtype, shared_preact,
                                          main_grads)
     dx = None
@@ -365,7 +361,6 @@ def _eager_cuda(t: torch.Tensor, op_name: str) -> bool:
     kernels or tables as its Python ops). Traced code (torch.compile, fake
     tensors, any dispatch mode) gets the Python ops, which all have shape
     functions."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
     return (t.is_cuda and type(t) is torch.Tensor and hasattr(torch.ops.mok, op_name)
             and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
 
@@ -375,27 +370,25 @@ def _enqueues_from_cpp(x: torch.Tensor) -> bool:
     return _eager_cuda(x, "staged_backward")
 
 
-def _layer_backward_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *, needs: Needs, grad_dtype,
-                       saved: SavedForward | None, tokens_per_rank, main_grads: MainGrads,
-                       schedule: Schedule | None) -> LayerGrads:
-    """layer_backward through torch.ops.mok.staged_backward (its arguments
-    flattened: the schedule's tensors, the pre-activations, the Needs)."""
+def _from_saved(saved: SavedForward | None, schedule: Schedule | None, routed: bool, shared: bool,
+                tokens_per_rank, top_k: int):
+    """(schedule, preact, shared_preact) of save mode, read from `saved` only
+    for the parts that run (routed, shared); None for what recompute mode
+    (saved None) rebuilds. The schedule: the one given, else saved's."""
+    if saved is None:
+        return schedule, None, None
     preact = shared_preact = None
-    if saved is not None:  # what layer_backward reads of it: only for the parts that run
-        if needs.x or needs.weights or needs.w13 or needs.w2:
-            if schedule is None:
-                schedule = saved_schedule(saved, tokens_per_rank or [x.shape[0]], expert_ids.shape[1])
-            preact = torch.cat(list(saved.preact)) if len(saved.preact) > 1 else saved.preact[0]
-        if shared_w13 is not None and (needs.x or needs.shared_w13 or needs.shared_w2):
-            shared_preact = (torch.cat(list(saved.shared_preact)) if len(saved.shared_preact) > 1
-                             else saved.shared_preact[0])
-    s = schedule
-    grads = torch.ops.mok.staged_backward(
-        dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, preact, shared_preact,
-        None if s is None else s.entry_of_row, None if s is None else s.row_of_entry,
-        None if s is None else s.group_offset, None if s is None else s.group_rows,
-        [int(n) for n in needs], grad_dtype, *main_grads)
-    return LayerGrads(*grads)
+    if routed:
+        if schedule is None:
+            schedule = saved_schedule(saved, tokens_per_rank, top_k)
+        preact = _cat(saved.preact)
+    if shared:
+        shared_preact = _cat(saved.shared_preact)
+    return schedule, preact, shared_preact
+
+
+def _cat(tensors):
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
 
 
 __all__ = ["BackwardOps", "LayerGrads", "MainGrads", "Needs", "SavedForward", "Schedule", "saved_schedule", "has_kernel_ops", "kernel_ops", "layer_backward",

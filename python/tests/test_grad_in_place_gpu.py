@@ -56,21 +56,20 @@ def in_place_calls(monkeypatch):
             calls.append(out.data_ptr())
         return ops.weight_grad_mm_acc_(out, *args)
 
-    from_cpp = mok.staged_backward._layer_backward_op
+    from_cpp = torch.ops.mok.staged_backward
 
-    def counting_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, **kw):
-        needs, main = kw["needs"], kw["main_grads"]
+    def counting_op(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *rest):
+        needs = mok.staged_backward.Needs(*(bool(n) for n in rest[6]))
         routed = needs.x or needs.weights or needs.w13 or needs.w2
         shared = shared_w13 is not None and (needs.x or needs.shared_w13 or needs.shared_w2)
-        for runs, needed, out in ((routed, needs.w13, main.w13), (routed, needs.w2, main.w2),
-                                  (shared, needs.shared_w13, main.shared_w13),
-                                  (shared, needs.shared_w2, main.shared_w2)):
+        for runs, needed, out in zip((routed, routed, shared, shared),
+                                     (needs.w13, needs.w2, needs.shared_w13, needs.shared_w2), rest[8:12]):
             if runs and needed and out is not None and out.dtype == torch.bfloat16:
                 calls.append(out.data_ptr())
-        return from_cpp(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, **kw)
+        return from_cpp(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, *rest)
 
     monkeypatch.setattr(mok.staged_backward, "kernel_ops", lambda: ops._replace(weight_grad_mm_acc_=counting))
-    monkeypatch.setattr(mok.staged_backward, "_layer_backward_op", counting_op)
+    monkeypatch.setattr(torch.ops.mok, "staged_backward", counting_op)
     return calls
 
 
