@@ -24,6 +24,12 @@
 //
 // Patterns (two consumer warpgroups, 64 rows each, unless said):
 //   bf16-n256         mma_tile: 4 x m64n256k16 a stage (the bf16 forward's loop)
+//   bf16-mn-n256      the weight gradient's loop: both operands MN-major, 4 x
+//                     m64n256k16 a stage
+//   bf16-mn-n128x2    the same stage as two column halves, 4 x m64n128k16 on
+//                     each, one after the other (each half its own accumulators:
+//                     what a tile's store of one half under the other's
+//                     wgmma would issue; docs/perf-notes.md v33)
 //   fp8-n256          4 x m64n256k32 a stage into the accumulators, no promotion
 //   fp8-n64-quarters  16 x m64n64k32 a stage in four 64-column quarters, each
 //                     its own commit group, wait_group<1> after each; no promotion
@@ -86,6 +92,8 @@ struct BenchSmem {
 
 enum class Pattern {
   kBf16N256,
+  kBf16MnN256,
+  kBf16MnN128x2,
   kFp8N256,
   kFp8N64Quarters,
   kFp8Wide,
@@ -121,6 +129,65 @@ __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages
     float acc[128];
     mma_tile<Bf16Cfg>(reinterpret_cast<GemmSharedStorage<Bf16Cfg>&>(smem.storage), ring, consumer, stages, acc);
     for (int i = 0; i < 128; ++i) sum += acc[i];
+  } else if constexpr (P == Pattern::kBf16MnN256 || P == Pattern::kBf16MnN128x2) {
+    // The weight gradient's K loop: both operands MN-major, boxes of [64
+    // rows][64 columns] (A: this warpgroup's box; B: four), imm-trans on
+    // both; n256: 4 x m64n256k16 a stage (mma_weight_grad_tile's); n128x2:
+    // the stage's four k16 steps on the B boxes 0-1 (columns 0-127), then
+    // on boxes 2-3, each half its own 64 accumulators.
+    constexpr uint32_t kBox = 64 * WideCfg::kRowBytes;
+    float lo[64], hi[64];
+    float acc[128];
+    int prev = -1;
+    for (int kb = 0; kb < stages; ++kb) {
+      ring.consumer_wait();
+      auto& stage = smem.storage.stages[ring.stage];
+      const uint64_t a = wgmma::smem_desc_mn_sw128(stage.a + consumer * kBox, kBox);
+      const uint64_t b = wgmma::smem_desc_mn_sw128(stage.b, kBox);
+      if constexpr (P == Pattern::kBf16MnN256) {
+        wgmma::fence_operands(acc);
+        wgmma::fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma::mma_m64n256k16<1, 1>(acc, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(b, 16 * k),
+                                      (kb > 0 || k > 0) ? 1u : 0u);
+        }
+        wgmma::commit_group();
+        wgmma::fence_operands(acc);
+      } else {
+        const uint64_t b_hi = wgmma::smem_desc_mn_sw128(stage.b + 2 * kBox, kBox);
+        wgmma::fence_operands(lo);
+        wgmma::fence_operands(hi);
+        wgmma::fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma::mma_m64n128k16<1, 1>(lo, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(b, 16 * k),
+                                      (kb > 0 || k > 0) ? 1u : 0u);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          wgmma::mma_m64n128k16<1, 1>(hi, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(b_hi, 16 * k),
+                                      (kb > 0 || k > 0) ? 1u : 0u);
+        }
+        wgmma::commit_group();
+        wgmma::fence_operands(lo);
+        wgmma::fence_operands(hi);
+      }
+      wgmma::wait_group<1>();
+      if (prev >= 0 && releaser) ring.consumer_release(prev);
+      prev = ring.stage;
+      ring.advance();
+    }
+    wgmma::wait_group<0>();
+    if (releaser) ring.consumer_release(prev);
+    if constexpr (P == Pattern::kBf16MnN256) {
+      wgmma::fence_operands(acc);
+      for (int i = 0; i < 128; ++i) sum += acc[i];
+    } else {
+      wgmma::fence_operands(lo);
+      wgmma::fence_operands(hi);
+      for (int i = 0; i < 64; ++i) sum += lo[i] + hi[i];
+    }
   } else if constexpr (P == Pattern::kFp8N256) {
     float acc[128];
     int prev = -1;
@@ -327,6 +394,8 @@ int main(int argc, char** argv) {
   }
   const Named patterns[] = {
       {"bf16-n256", wgmma_pattern_kernel<Pattern::kBf16N256>},
+      {"bf16-mn-n256", wgmma_pattern_kernel<Pattern::kBf16MnN256>},
+      {"bf16-mn-n128x2", wgmma_pattern_kernel<Pattern::kBf16MnN128x2>},
       {"fp8-n256", wgmma_pattern_kernel<Pattern::kFp8N256>},
       {"fp8-n64-quarters", wgmma_pattern_kernel<Pattern::kFp8N64Quarters>},
       {"fp8-wide", wgmma_pattern_kernel<Pattern::kFp8Wide>},
