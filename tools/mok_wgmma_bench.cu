@@ -119,6 +119,14 @@ __constant__ int c_one_warpgroup;
 __constant__ int c_feed;
 constexpr int kFeedWindows = 128;  // 48 KB windows of the source, 6 MB: L2-resident
 
+// A stage loop's step once its group is committed and the one before waited
+// for: the previous stage handed back (one arrival a warp), the ring moved on.
+__device__ __forceinline__ void release_previous(StageRing<kStages>& ring, int& prev, bool releaser) {
+  if (prev >= 0 && releaser) ring.consumer_release(prev);
+  prev = ring.stage;
+  ring.advance();
+}
+
 // Consumer side of one pattern over `stages` stages (every thread of the warpgroup).
 template <Pattern P>
 __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages>& ring, int consumer, int stages,
@@ -155,28 +163,26 @@ __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages
         wgmma::commit_group();
         wgmma::fence_operands(acc);
       } else {
-        const uint64_t b_hi = wgmma::smem_desc_mn_sw128(stage.b + 2 * kBox, kBox);
+        // One half's four k16 steps: B from box `box` on (0: lo, 2: hi).
+        const auto half = [&](float(&h)[64], int box) {
+          const uint64_t bh = wgmma::smem_desc_mn_sw128(stage.b + box * kBox, kBox);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            wgmma::mma_m64n128k16<1, 1>(h, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(bh, 16 * k),
+                                        (kb > 0 || k > 0) ? 1u : 0u);
+          }
+        };
         wgmma::fence_operands(lo);
         wgmma::fence_operands(hi);
         wgmma::fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wgmma::mma_m64n128k16<1, 1>(lo, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(b, 16 * k),
-                                      (kb > 0 || k > 0) ? 1u : 0u);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wgmma::mma_m64n128k16<1, 1>(hi, wgmma::advance_k_mn(a, 16 * k), wgmma::advance_k_mn(b_hi, 16 * k),
-                                      (kb > 0 || k > 0) ? 1u : 0u);
-        }
+        half(lo, 0);
+        half(hi, 2);
         wgmma::commit_group();
         wgmma::fence_operands(lo);
         wgmma::fence_operands(hi);
       }
       wgmma::wait_group<1>();
-      if (prev >= 0 && releaser) ring.consumer_release(prev);
-      prev = ring.stage;
-      ring.advance();
+      release_previous(ring, prev, releaser);
     }
     wgmma::wait_group<0>();
     if (releaser) ring.consumer_release(prev);
@@ -206,9 +212,7 @@ __device__ __forceinline__ float run_consumer(BenchSmem& smem, StageRing<kStages
       wgmma::commit_group();
       wgmma::fence_operands(acc);
       wgmma::wait_group<1>();
-      if (prev >= 0 && releaser) ring.consumer_release(prev);
-      prev = ring.stage;
-      ring.advance();
+      release_previous(ring, prev, releaser);
     }
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc);
