@@ -147,9 +147,35 @@ def _main_grads(w13, w2, shared_w13, shared_w2):
                                      main(shared_w13), main(shared_w2))
 
 
-def _grad_in_place(weight: torch.Tensor | None) -> torch.Tensor | None:
+def _leaf_nodes(ctx) -> list:
+    """(leaf, its AccumulateGrad node) for each leaf input of this backward's
+    node, read from the node's own edges (ctx.next_functions): the node
+    torch.autograd.graph.get_gradient_edge returns, without the view op that
+    it records to find it (~35 us a weight on the autograd's device thread,
+    docs/perf-notes.md v34)."""
+    pairs = []
+    for node, _ in getattr(ctx, "next_functions", ()):
+        leaf = getattr(node, "variable", None)  # AccumulateGrad's; None for other nodes and absent edges
+        if leaf is not None:
+            pairs.append((leaf, node))
+    return pairs
+
+
+def _accumulate_grad_node(weight: torch.Tensor, leaf_nodes):
+    """weight's AccumulateGrad node: from leaf_nodes (_leaf_nodes) when it is
+    there, else through get_gradient_edge."""
+    for leaf, node in leaf_nodes:
+        if leaf is weight:
+            return node
+    return torch.autograd.graph.get_gradient_edge(weight).node
+
+
+def _grad_in_place(weight: torch.Tensor | None, leaf_nodes=list) -> torch.Tensor | None:
     """weight's .grad if this backward may add weight's gradient to it in
-    place and return none (see the module docstring), else None."""
+    place and return none (see the module docstring), else None. leaf_nodes:
+    a function giving _leaf_nodes(ctx) of the backward's node, where the
+    weight's node is looked up first (called only for a weight that passes
+    every other check)."""
     if weight is None or not weight.is_leaf or not weight.requires_grad or weight.dtype != torch.bfloat16:
         return None
     grad = weight.grad
@@ -160,23 +186,31 @@ def _grad_in_place(weight: torch.Tensor | None) -> torch.Tensor | None:
     if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
         return None
     try:  # autograd.grad() collects the gradient instead of running the weight's AccumulateGrad
-        node = torch.autograd.graph.get_gradient_edge(weight).node
+        node = _accumulate_grad_node(weight, leaf_nodes())
         return grad if torch._C._will_engine_execute_node(node) else None
     except RuntimeError:  # "... currently running autograd.grad()": the weight is one of its inputs
         return None
 
 
 def _with_grads_in_place(main: staged_backward.MainGrads, needs: staged_backward.Needs, w13, w2, shared_w13,
-                         shared_w2) -> staged_backward.MainGrads:
+                         shared_w2, ctx=None) -> staged_backward.MainGrads:
     """main, with each needed weight gradient that has no main_grad going to
-    the weight's .grad in place where _grad_in_place allows it."""
+    the weight's .grad in place where _grad_in_place allows it. ctx: the
+    backward's node, whose edges hold the weights' AccumulateGrad nodes."""
     if os.environ.get("MOK_GRAD_IN_PLACE", "1") == "0" or torch.compiler.is_compiling():
         return main
+    read = []  # the node's edges, read once, and only if some weight gets that far
+
+    def leaf_nodes():
+        if not read:
+            read.append(_leaf_nodes(ctx) if ctx is not None else [])
+        return read[0]
+
     fields = []
     for buffer, weight, needed in ((main.w13, w13, needs.w13), (main.w2, w2, needs.w2),
                                    (main.shared_w13, shared_w13, needs.shared_w13),
                                    (main.shared_w2, shared_w2, needs.shared_w2)):
-        fields.append(buffer if buffer is not None or not needed else _grad_in_place(weight))
+        fields.append(buffer if buffer is not None or not needed else _grad_in_place(weight, leaf_nodes))
     return staged_backward.MainGrads(*fields)
 
 
@@ -383,7 +417,7 @@ def _fused_forward_backward(ctx, douts, kept=None, schedule=None, saved=None):
     # The virtual world's ranks concatenated: global token order, global experts.
     main = ctx.main_grads
     if R == 1:  # (at R > 1 each rank's weights are a slice of the gradient the kernels compute)
-        main = _with_grads_in_place(main, needs, w13[0], w2[0], shared_w13, shared_w2)
+        main = _with_grads_in_place(main, needs, w13[0], w2[0], shared_w13, shared_w2, ctx)
     grads = staged_backward.layer_backward(
         _cat(douts), _cat(x), _cat(expert_ids), _cat(weights), _cat(w13), _cat(w2), shared_w13, shared_w2,
         needs=needs, grad_dtype=_weight_grad_dtype(w13[0]), saved=kept, tokens_per_rank=[t.shape[0] for t in x],

@@ -138,3 +138,24 @@ def test_a_main_grad_wins():
     accumulate(moe, batches(2))
     for p in (moe.w13, moe.w2, moe.shared_w13, moe.shared_w2):
         assert not p.grad.any() and p.main_grad.abs().sum() > 0
+
+
+def test_weight_nodes_come_from_the_backwards_own_edges(monkeypatch, acc_calls):
+    """Each weight's AccumulateGrad node is read from the backward node's
+    edges, not found through get_gradient_edge (which records a view op per
+    call: host time before the first kernel); the decisions are the same."""
+    looked_up = []
+    original = torch.autograd.graph.get_gradient_edge
+
+    def counting(t):
+        looked_up.append(t.shape)
+        return original(t)
+
+    monkeypatch.setattr(torch.autograd.graph, "get_gradient_edge", counting)
+    moe = make_moe()
+    accumulate(moe, batches(1))
+    accumulate(moe, batches(2)[1:])
+    assert len(acc_calls) == 4 and not looked_up
+    with cpu_reference_forward():
+        moe(batches(3)[2]).float().square().mean().backward(inputs=[moe.w2])
+    assert len(acc_calls) == 5 and where(acc_calls[4:]) == where([moe.w2.grad]) and not looked_up
