@@ -38,8 +38,8 @@ const TensorSpec kRowsSpec{at::kInt, 2};
 const TensorSpec kOffsetSpec{at::kInt, 1};
 
 // Checks the arguments; returns (rows per rank, the world's tokens).
-std::pair<int64_t, int64_t> check_staged_schedule(const std::vector<at::Tensor>& schedule_rows,
-                                                  const std::vector<at::Tensor>& expert_offset,
+std::pair<int64_t, int64_t> check_staged_schedule(at::TensorList schedule_rows,
+                                                  at::TensorList expert_offset,
                                                   at::IntArrayRef tokens_per_rank, int64_t top_k) {
   const size_t R = schedule_rows.size();
   expect(R >= 1 && R <= static_cast<size_t>(mok::kMaxScheduleRanks),
@@ -77,7 +77,7 @@ Tables empty_tables(int64_t num_rows, int64_t entries, const at::TensorOptions& 
           mok::torch_ops::written_output({num_rows}, longs)};
 }
 
-Tables staged_schedule(const std::vector<at::Tensor>& schedule_rows, const std::vector<at::Tensor>& expert_offset,
+Tables staged_schedule(at::TensorList schedule_rows, at::TensorList expert_offset,
                        at::IntArrayRef tokens_per_rank, int64_t top_k) {
   const auto [rows_per_rank, tokens] = check_staged_schedule(schedule_rows, expert_offset, tokens_per_rank, top_k);
   const c10::cuda::CUDAGuard guard(schedule_rows[0].device());
@@ -104,7 +104,7 @@ Tables staged_schedule(const std::vector<at::Tensor>& schedule_rows, const std::
   return out;
 }
 
-Tables staged_schedule_meta(const std::vector<at::Tensor>& schedule_rows, const std::vector<at::Tensor>& expert_offset,
+Tables staged_schedule_meta(at::TensorList schedule_rows, at::TensorList expert_offset,
                             at::IntArrayRef tokens_per_rank, int64_t top_k) {
   const auto [rows_per_rank, tokens] = check_staged_schedule(schedule_rows, expert_offset, tokens_per_rank, top_k);
   const int64_t R = static_cast<int64_t>(schedule_rows.size());

@@ -295,6 +295,8 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     eager = _eager_autograd.applies(*args[:7], recorded=recorded)
     if save_activations:
         if eager:
+            if _eager_autograd.node_applies(args[0]):  # one rank, the staged backward: a C++ node
+                return _eager_autograd.fused_forward_train_node(*args, token_capacity)
             return _eager_autograd.fused_forward_train_out(*args, True, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, token_capacity=token_capacity)[0]
     if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2, recorded=recorded):

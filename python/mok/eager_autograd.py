@@ -156,6 +156,33 @@ class FusedForwardTrain(torch.autograd.Function):
         return _backward(ctx, autograd._fused_forward_train_backward, list(grads[:ctx.world]))
 
 
+def node_applies(x) -> bool:
+    """Whether a recorded save-mode call (one that applies() accepted) goes
+    through torch.ops.mok.fused_forward_train_node, the same forward recorded
+    as a C++ autograd node whose backward is the staged chain
+    (python/csrc/train_node_ops.cpp: the same kernels and bits, without the
+    Python node's host time before the backward's first kernel): one rank,
+    real CUDA tensors in eager mode with no dispatch mode, the staged backward
+    (MOK_BACKWARD unset, "auto" or "staged"), a library with the op, and not
+    MOK_CPP_AUTOGRAD=0 (read at each forward)."""
+    if len(x) != 1 or os.environ.get("MOK_CPP_AUTOGRAD", "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    from .staged_backward import _eager_cuda
+    return _eager_cuda(x[0], "fused_forward_train_node") and autograd.backward_path(x[0].device) == "staged"
+
+
+def fused_forward_train_node(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
+                             check_errors, token_capacity):
+    """[out]: save mode's forward for one rank through
+    torch.ops.mok.fused_forward_train_node (node_applies). The main_grad
+    buffers hung on the weights are read here, at the forward, as the Python
+    path's setup does."""
+    main = autograd._main_grads(w13, w2, shared_w13, shared_w2)
+    return [torch.ops.mok.fused_forward_train_node(x[0], expert_ids[0], weights[0], w13[0], w2[0], shared_w13,
+                                                   shared_w2, num_experts, tuning, check_errors, token_capacity,
+                                                   main.w13, main.w2, main.shared_w13, main.shared_w2)]
+
+
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors,
                   token_capacity):
     """[out[r]]: torch.ops.mok.fused_forward's result, through FusedForward."""
@@ -172,4 +199,5 @@ def fused_forward_train_out(x, expert_ids, weights, w13, w2, shared_w13, shared_
     return list(flat[:len(x)])
 
 
-__all__ = ["FusedForward", "FusedForwardTrain", "applies", "below_autograd", "enabled", "fused_forward", "fused_forward_train_out"]
+__all__ = ["FusedForward", "FusedForwardTrain", "applies", "below_autograd", "enabled", "fused_forward",
+           "fused_forward_train_node", "fused_forward_train_out", "node_applies"]

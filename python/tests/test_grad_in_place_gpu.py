@@ -47,7 +47,11 @@ def in_place_calls(monkeypatch):
     """The bf16 buffers the staged backward's weight_grad_mm_acc_ added to:
     by the chain enqueued from Python (its op counted) or from C++
     (torch.ops.mok.staged_backward: the bf16 main buffers it was handed for
-    gradients it computes, which it adds to as the Python chain does)."""
+    gradients it computes, which it adds to as the Python chain does). On
+    the Python node: save mode's C++ node (MOK_CPP_AUTOGRAD, set to 0 here)
+    calls the op from C++, where this patch does not reach; its in-place
+    decisions are test_train_node_gpu.py's."""
+    monkeypatch.setenv("MOK_CPP_AUTOGRAD", "0")
     calls = []
     ops = mok.staged_backward.kernel_ops()
 
