@@ -20,6 +20,12 @@ mok/autograd.py), so the saved state, the gradients and their bits are the
 registered path's. Under torch.compile, or with MOK_EAGER_AUTOGRAD=0, the op
 is called as registered. Either way the kernels and what they compute are
 the same; only the host's bookkeeping differs.
+
+One step further, for save mode on one rank with the staged backward
+(node_applies): torch.ops.mok.fused_forward_train_node records the call as a
+C++ autograd node (python/csrc/train_node_ops.cpp), whose backward runs no
+Python at all -- the largest host cost left before the backward's first
+kernel (docs/perf-notes.md v34). MOK_CPP_AUTOGRAD=0 keeps FusedForwardTrain.
 """
 
 from __future__ import annotations
