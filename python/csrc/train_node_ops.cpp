@@ -1,9 +1,11 @@
-// mok::fused_forward_train_node: save mode's training forward for one rank,
-// recorded by autograd as a C++ node whose backward is the staged backward
-// (mok::staged_backward). The same kernels, tables and arguments as the
-// Python path (mok/eager_autograd.py's FusedForwardTrain with
-// mok/autograd.py's setup and backward), so the same bits; what it removes is
-// host time before the backward's first kernel.
+// mok::fused_forward_train_node: the fused forward for one rank, recorded by
+// autograd as a C++ node whose backward is the staged backward
+// (mok::staged_backward), in save mode (the training op keeps gate/up and
+// its schedule) or recompute mode (the plain op; the backward recomputes
+// both). The same kernels, tables and arguments as the Python path
+// (mok/eager_autograd.py's FusedForwardTrain and FusedForward with
+// mok/autograd.py's setups and backwards), so the same bits; what it removes
+// is host time before the backward's first kernel.
 //
 // Why: from autograd.grad's call to the staged chain's op, the Python node
 // spent ~130 us (autograd.grad) to ~300 us (loss.backward() into existing
@@ -14,9 +16,8 @@
 // Scope: eager mode, CUDA tensors, one rank (R = 1), the staged backward
 // (MOK_BACKWARD unset, "auto" or "staged"). mok.fused_forward picks this op
 // there (MOK_CPP_AUTOGRAD=0 keeps the Python node); everything else -- a
-// virtual world of R > 1, the fused backward kernel, recompute mode,
-// torch.compile, dispatch modes -- keeps the Python path, which stays the
-// reference.
+// virtual world of R > 1, the fused backward kernel, torch.compile, dispatch
+// modes -- keeps the Python path, which stays the reference.
 //
 // The op has an Autograd kernel only: called below autograd it has no
 // kernel, by design (nothing but the autograd path calls it).
@@ -52,6 +53,9 @@ c10::TypedOperatorHandle<Signature> mok_op(const char* name) {
 // staged_backward_ops.cpp).
 using TrainOutputs = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
                                 std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>;
+using PlainSignature = std::vector<at::Tensor>(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                               at::TensorList, const OptTensor&, const OptTensor&, int64_t,
+                                               at::IntArrayRef, bool, int64_t);
 using TrainSignature = TrainOutputs(at::TensorList, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                     const OptTensor&, const OptTensor&, int64_t, at::IntArrayRef, bool, bool, int64_t);
 using ScheduleSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::TensorList, at::TensorList,
@@ -64,6 +68,7 @@ using BackwardSignature = Grads(const at::Tensor&, const at::Tensor&, const at::
                                 const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&);
 
 struct Ops {
+  c10::TypedOperatorHandle<PlainSignature> plain = mok_op<PlainSignature>("mok::fused_forward");
   c10::TypedOperatorHandle<TrainSignature> train = mok_op<TrainSignature>("mok::fused_forward_train");
   c10::TypedOperatorHandle<ScheduleSignature> schedule = mok_op<ScheduleSignature>("mok::staged_schedule");
   c10::TypedOperatorHandle<BackwardSignature> backward = mok_op<BackwardSignature>("mok::staged_backward");
@@ -125,13 +130,18 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
                             const at::Tensor& weights, const at::Tensor& w13, const at::Tensor& w2,
                             const OptTensor& shared_w13, const OptTensor& shared_w2, int64_t num_experts,
                             at::IntArrayRef tuning, bool check_errors, int64_t token_capacity,
-                            c10::IValue main_grads) {
+                            bool save_activations, c10::IValue main_grads) {
+    // Save mode's kept state; undefined in recompute mode, where the
+    // backward gets no pre-activations or schedule and rebuilds both.
     at::Tensor out, preact, shared_preact, expert_rows, expert_offset, schedule_rows, entry_of_row, row_of_entry,
         token_of_row;
-    {
-      // Straight to the kernels: the ops' autograd kernels (torch.library's,
-      // in Python) have nothing to record here.
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Straight to the kernels: the ops' autograd kernels (torch.library's, in
+    // Python) have nothing to record here.
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    if (!save_activations) {
+      out = ops().plain.call({x}, {expert_ids}, {weights}, {w13}, {w2}, shared_w13, shared_w2, num_experts, tuning,
+                             check_errors, token_capacity)[0];
+    } else {
       auto [outs, preacts, shared_preacts, rows, offsets, schedules] =
           ops().train.call({x}, {expert_ids}, {weights}, {w13}, {w2}, shared_w13, shared_w2, num_experts, tuning,
                            check_errors, /*keep_preact=*/true, token_capacity);
@@ -154,6 +164,7 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
     // backward by design (other micro-batches' backwards add to it).
     ctx->saved_data["main_grads"] = std::move(main_grads);
     ctx->saved_data["shared"] = shared_w13.has_value();
+    ctx->saved_data["save"] = save_activations;
     return out;
   }
 
@@ -167,8 +178,8 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
     const bool shared = ctx->saved_data["shared"].toBool();
     const OptTensor shared_w13 = shared ? OptTensor(s[5]) : std::nullopt;
     const OptTensor shared_w2 = shared ? OptTensor(s[6]) : std::nullopt;
-    const at::Tensor &preact = s[7], &shared_preact = s[8];
-    const at::Tensor &entry_of_row = s[9], &row_of_entry = s[10], &group_offset = s[11], &group_rows = s[12];
+    const bool save = ctx->saved_data["save"].toBool();
+    auto kept = [&](size_t i) { return save ? OptTensor(s[i]) : std::nullopt; };
 
     const bool need_x = ctx->needs_input_grad(kX), need_weights = ctx->needs_input_grad(kWeights);
     const bool need_w13 = ctx->needs_input_grad(kW13), need_w2 = ctx->needs_input_grad(kW2);
@@ -201,14 +212,14 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
     Grads grads;
     {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
-      grads = ops().backward.call(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, preact,
-                                  shared ? OptTensor(shared_preact) : std::nullopt, entry_of_row, row_of_entry,
-                                  group_offset, group_rows, needs, grad_dtype, into[0], into[1], into[2], into[3]);
+      grads = ops().backward.call(dout, x, expert_ids, weights, w13, w2, shared_w13, shared_w2, kept(7),
+                                  shared ? kept(8) : std::nullopt, kept(9), kept(10), kept(11), kept(12), needs,
+                                  grad_dtype, into[0], into[1], into[2], into[3]);
     }
     auto [dx, dweights, dw13, dw2, dsw13, dsw2] = grads;
     auto as = [](const at::Tensor& g, const at::Tensor& like) { return g.defined() ? g.to(like.scalar_type()) : g; };
     // One entry per forward argument: x, expert_ids, weights, w13, w2,
-    // shared_w13, shared_w2, then the non-differentiable rest.
+    // shared_w13, shared_w2, then the six non-differentiable ones.
     return {as(dx, x),
             at::Tensor(),
             as(dweights, weights),
@@ -220,6 +231,7 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -227,14 +239,15 @@ struct TrainNode : public torch::autograd::Function<TrainNode> {
 at::Tensor fused_forward_train_node(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
                                     const at::Tensor& w13, const at::Tensor& w2, const OptTensor& shared_w13,
                                     const OptTensor& shared_w2, int64_t num_experts, at::IntArrayRef tuning,
-                                    bool check_errors, int64_t token_capacity, const OptTensor& main_w13,
+                                    bool check_errors, int64_t token_capacity, bool save_activations,
+                                    const OptTensor& main_w13,
                                     const OptTensor& main_w2, const OptTensor& main_shared_w13,
                                     const OptTensor& main_shared_w2) {
   mok::torch_ops::expect(shared_w13.has_value() == shared_w2.has_value(),
                          "fused_forward_train_node: give shared_w13 and shared_w2 together, or neither");
   c10::List<OptTensor> main_grads({main_w13, main_w2, main_shared_w13, main_shared_w2});
   return TrainNode::apply(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors,
-                          token_capacity, c10::IValue(std::move(main_grads)));
+                          token_capacity, save_activations, c10::IValue(std::move(main_grads)));
 }
 
 }  // namespace
@@ -243,7 +256,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
   m.def(
       "fused_forward_train_node(Tensor x, Tensor expert_ids, Tensor weights, Tensor w13, Tensor w2, "
       "Tensor? shared_w13, Tensor? shared_w2, int num_experts, int[] tuning, bool check_errors, int token_capacity, "
-      "Tensor? main_w13, Tensor? main_w2, Tensor? main_shared_w13, Tensor? main_shared_w2) -> Tensor");
+      "bool save_activations, Tensor? main_w13, Tensor? main_w2, Tensor? main_shared_w13, Tensor? main_shared_w2) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mok, Autograd, m) { m.impl("fused_forward_train_node", &fused_forward_train_node); }

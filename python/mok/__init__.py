@@ -296,7 +296,7 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
     if save_activations:
         if eager:
             if _eager_autograd.node_applies(args[0]):  # one rank, the staged backward: a C++ node
-                return _eager_autograd.fused_forward_train_node(*args, token_capacity)
+                return _eager_autograd.fused_forward_train_node(*args, True, token_capacity)
             return _eager_autograd.fused_forward_train_out(*args, True, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, token_capacity=token_capacity)[0]
     if _autograd.fused_recompute(x, weights, w13, w2, shared_w13, shared_w2, recorded=recorded):
@@ -305,6 +305,8 @@ def fused_forward(x, expert_ids, weights, w13, w2, shared_w13=None, shared_w2=No
             return _eager_autograd.fused_forward_train_out(*args, False, token_capacity)
         return torch.ops.mok.fused_forward_train(*args, keep_preact=False, token_capacity=token_capacity)[0]
     if eager:
+        if _eager_autograd.node_applies(args[0]):
+            return _eager_autograd.fused_forward_train_node(*args, False, token_capacity)
         return _eager_autograd.fused_forward(*args, token_capacity)
     if not recorded:
         with _eager_autograd.below_autograd():

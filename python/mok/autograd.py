@@ -62,8 +62,8 @@ contiguous bf16 tensor of the weight's shape, or with MOK_GRAD_IN_PLACE=0
 (Node.register_hook) is not visible from here: it runs, but sees None as
 the gradient; set MOK_GRAD_IN_PLACE=0 where such a hook needs it.
 
-In save mode on one rank with the staged backward, eager mode records the
-call as a C++ node instead (mok/eager_autograd.py, node_applies): the same
+On one rank with the staged backward (save or recompute mode), eager mode
+records the call as a C++ node instead (mok/eager_autograd.py, node_applies): the same
 saved state, needs, main_grad and in-place decisions (plus: a hook on a
 weight's AccumulateGrad node keeps torch's accumulation there) and gradient
 bits, without Python in the backward.

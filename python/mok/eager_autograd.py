@@ -21,11 +21,12 @@ registered path's. Under torch.compile, or with MOK_EAGER_AUTOGRAD=0, the op
 is called as registered. Either way the kernels and what they compute are
 the same; only the host's bookkeeping differs.
 
-One step further, for save mode on one rank with the staged backward
-(node_applies): torch.ops.mok.fused_forward_train_node records the call as a
-C++ autograd node (python/csrc/train_node_ops.cpp), whose backward runs no
-Python at all -- the largest host cost left before the backward's first
-kernel (docs/perf-notes.md v34). MOK_CPP_AUTOGRAD=0 keeps FusedForwardTrain.
+One step further, on one rank with the staged backward (node_applies, save
+or recompute mode): torch.ops.mok.fused_forward_train_node records the call
+as a C++ autograd node (python/csrc/train_node_ops.cpp), whose backward runs
+no Python at all -- the largest host cost left before the backward's first
+kernel (docs/perf-notes.md v34). MOK_CPP_AUTOGRAD=0 keeps the Functions
+below.
 """
 
 from __future__ import annotations
@@ -163,9 +164,10 @@ class FusedForwardTrain(torch.autograd.Function):
 
 
 def node_applies(x) -> bool:
-    """Whether a recorded save-mode call (one that applies() accepted) goes
-    through torch.ops.mok.fused_forward_train_node, the same forward recorded
-    as a C++ autograd node whose backward is the staged chain
+    """Whether a recorded call with the staged backward (one that applies()
+    accepted; save or recompute mode) goes through
+    torch.ops.mok.fused_forward_train_node, the same forward recorded as a
+    C++ autograd node whose backward is the staged chain
     (python/csrc/train_node_ops.cpp: the same kernels and bits, without the
     Python node's host time before the backward's first kernel): one rank,
     real CUDA tensors in eager mode with no dispatch mode, the staged backward
@@ -178,15 +180,16 @@ def node_applies(x) -> bool:
 
 
 def fused_forward_train_node(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning,
-                             check_errors, token_capacity):
-    """[out]: save mode's forward for one rank through
-    torch.ops.mok.fused_forward_train_node (node_applies). The main_grad
-    buffers hung on the weights are read here, at the forward, as the Python
-    path's setup does."""
+                             check_errors, save_activations, token_capacity):
+    """[out]: the forward for one rank through
+    torch.ops.mok.fused_forward_train_node (node_applies), in save mode
+    (save_activations) or recompute mode. The main_grad buffers hung on the
+    weights are read here, at the forward, as the Python path's setup does."""
     main = autograd._main_grads(w13, w2, shared_w13, shared_w2)
     return [torch.ops.mok.fused_forward_train_node(x[0], expert_ids[0], weights[0], w13[0], w2[0], shared_w13,
                                                    shared_w2, num_experts, tuning, check_errors, token_capacity,
-                                                   main.w13, main.w2, main.shared_w13, main.shared_w2)]
+                                                   bool(save_activations), main.w13, main.w2, main.shared_w13,
+                                                   main.shared_w2)]
 
 
 def fused_forward(x, expert_ids, weights, w13, w2, shared_w13, shared_w2, num_experts, tuning, check_errors,

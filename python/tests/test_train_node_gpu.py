@@ -1,9 +1,11 @@
-"""Save mode's C++ autograd node (torch.ops.mok.fused_forward_train_node,
-python/csrc/train_node_ops.cpp) against the Python node it stands in for
-(mok/eager_autograd.py's FusedForwardTrain, MOK_CPP_AUTOGRAD=0), on a
-Hopper GPU with fresh random data: which calls take it, the same output and
-gradient bits for every subset of needed gradients, with and without a
-shared expert, through autograd.grad and backward; main_grad buffers; .grad
+"""The C++ autograd node of one rank's staged backward
+(torch.ops.mok.fused_forward_train_node, python/csrc/train_node_ops.cpp)
+against the Python nodes it stands in for (mok/eager_autograd.py's
+FusedForwardTrain in save mode, FusedForward in recompute mode;
+MOK_CPP_AUTOGRAD=0), on a Hopper GPU with fresh random data: which calls
+take it, the same output and gradient bits in both modes for every subset of
+needed gradients, with and without a shared expert, through autograd.grad
+and backward; main_grad buffers; .grad
 accumulated in place (seen through a dispatch mode, which sees the staged
 chain's op however it is called) and the cases that must keep torch's
 accumulation; double backward refused."""
@@ -54,11 +56,11 @@ def _leaves(layer):
     return x, ids, w, w13, w2, sw13, sw2
 
 
-def _forward(leaves, node, monkeypatch):
+def _forward(leaves, node, monkeypatch, save=True):
     monkeypatch.setenv("MOK_CPP_AUTOGRAD", "1" if node else "0")
     x, ids, w, w13, w2, sw13, sw2 = leaves
     (out,) = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, check_errors=True,
-                               save_activations=True)
+                               save_activations=save)
     taken = "TrainNode" in out.grad_fn.name()
     assert taken == node, out.grad_fn.name()
     return out
@@ -68,16 +70,17 @@ WANT = {"all": (0, 2, 3, 4, 5, 6), "x": (0,), "router weights": (2,), "routed we
         "shared weights": (5, 6), "x and w2": (0, 4)}
 
 
+@pytest.mark.parametrize("save", [True, False], ids=["save", "recompute"])
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("want", list(WANT))
-def test_the_node_gives_the_python_nodes_bits(want, shared, monkeypatch):
+def test_the_node_gives_the_python_nodes_bits(want, shared, save, monkeypatch):
     monkeypatch.setenv("MOK_BACKWARD", "staged")
     layer = random_global_layer(T, H, I, E, K, S if shared else 0, seed=70, device="cuda")
     dout = _rand(T, H, seed=71)
     results = []
     for node in (True, False, True):
         leaves = _leaves(layer)
-        out = _forward(leaves, node, monkeypatch)
+        out = _forward(leaves, node, monkeypatch, save)
         inputs = [leaves[i] for i in WANT[want] if leaves[i] is not None]
         if not inputs:
             pytest.skip("no shared expert to differentiate")
@@ -94,10 +97,10 @@ def test_the_node_gives_the_python_nodes_bits(want, shared, monkeypatch):
         assert _same_bits(a, b) and _same_bits(a, c)
 
 
-def _moe_grads(node, monkeypatch, *, main_grad=False, micro_batches=3, hook=False):
+def _moe_grads(node, monkeypatch, *, main_grad=False, micro_batches=3, hook=False, save=True):
     monkeypatch.setenv("MOK_CPP_AUTOGRAD", "1" if node else "0")
     torch.manual_seed(0)
-    moe = mok.nn.MoE(H, I, E, K, shared_intermediate=S, device="cuda", save_activations=True,
+    moe = mok.nn.MoE(H, I, E, K, shared_intermediate=S, device="cuda", save_activations=save,
                      fp32_main_grad=main_grad)
     experts = (moe.w13, moe.w2, moe.shared_w13, moe.shared_w2)
     if hook:
@@ -114,9 +117,10 @@ def _moe_grads(node, monkeypatch, *, main_grad=False, micro_batches=3, hook=Fals
     return moe, experts, grads, mains, seen
 
 
-def test_grads_accumulated_in_place_as_the_python_node_does(monkeypatch):
-    _, _, want, _, seen0 = _moe_grads(False, monkeypatch)
-    moe, experts, got, _, seen1 = _moe_grads(True, monkeypatch)
+@pytest.mark.parametrize("save", [True, False], ids=["save", "recompute"])
+def test_grads_accumulated_in_place_as_the_python_node_does(save, monkeypatch):
+    _, _, want, _, seen0 = _moe_grads(False, monkeypatch, save=save)
+    moe, experts, got, _, seen1 = _moe_grads(True, monkeypatch, save=save)
     # The first micro-batch finds no .grad; the next two add to the four
     # expert weights' .grads in place, on both paths.
     assert seen1.calls == 3 and len(seen1.bf16_buffers) == 8
@@ -136,9 +140,10 @@ def test_in_place_switched_off_and_hooks_keep_torchs_accumulation(monkeypatch):
         assert _same_bits(g, w)
 
 
-def test_main_grads_get_the_python_nodes_bits(monkeypatch):
-    _, _, _, want, _ = _moe_grads(False, monkeypatch, main_grad=True, micro_batches=2)
-    _, experts, grads, got, seen = _moe_grads(True, monkeypatch, main_grad=True, micro_batches=2)
+@pytest.mark.parametrize("save", [True, False], ids=["save", "recompute"])
+def test_main_grads_get_the_python_nodes_bits(save, monkeypatch):
+    _, _, _, want, _ = _moe_grads(False, monkeypatch, main_grad=True, micro_batches=2, save=save)
+    _, experts, grads, got, seen = _moe_grads(True, monkeypatch, main_grad=True, micro_batches=2, save=save)
     assert not seen.bf16_buffers and all(g is None for g in grads)
     for name, g, w in zip(("w13", "w2", "shared_w13", "shared_w2"), got, want):
         assert g.abs().sum() > 0 and _same_bits(g, w), name
@@ -154,10 +159,16 @@ def test_the_nodes_backward_has_no_backward(monkeypatch):
 
 def test_which_calls_take_the_node(monkeypatch):
     layer = random_global_layer(T, H, I, E, K, S, seed=73, device="cuda")
-    _forward(_leaves(layer), True, monkeypatch)
-    _forward(_leaves(layer), False, monkeypatch)  # MOK_CPP_AUTOGRAD=0
+    for save in (True, False):
+        _forward(_leaves(layer), True, monkeypatch, save)
+        _forward(_leaves(layer), False, monkeypatch, save)  # MOK_CPP_AUTOGRAD=0
     monkeypatch.setenv("MOK_CPP_AUTOGRAD", "1")
     monkeypatch.setenv("MOK_BACKWARD", "fused")  # the fused backward kernel keeps the Python node
     x, ids, w, w13, w2, sw13, sw2 = _leaves(layer)
-    (out,) = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, save_activations=True)
-    assert "TrainNode" not in out.grad_fn.name()
+    for save in (True, False):
+        (out,) = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E, save_activations=save)
+        assert "TrainNode" not in out.grad_fn.name()
+    monkeypatch.setenv("MOK_BACKWARD", "staged")
+    with torch.no_grad():  # nothing recorded: no node at all
+        (out,) = mok.fused_forward([x], [ids], [w], [w13], [w2], sw13, sw2, num_experts=E)
+    assert out.grad_fn is None
