@@ -115,3 +115,24 @@ def test_double_backward_still_raises(monkeypatch):
         out = mok.fused_forward(x, ids, ws, w13s, w2s, sw13, sw2, num_experts=4)
         with pytest.raises(NotImplementedError, match="create_graph"):
             torch.autograd.grad(out[0].float().sum(), x, create_graph=True)
+
+
+def test_the_cpp_node_is_for_one_real_cuda_rank_only(monkeypatch):
+    """node_applies (mok.fused_forward's choice of the C++ autograd node,
+    test_train_node_gpu.py's subject): never for CPU or meta tensors, a
+    virtual world of R > 1, MOK_CPP_AUTOGRAD=0, or MOK_BACKWARD=fused; and
+    the op, reached with CPU tensors, refuses them by name."""
+    if not hasattr(torch.ops.mok, "fused_forward_train_node"):
+        pytest.skip("the loaded library predates fused_forward_train_node")
+    x = torch.randn(8, 64).bfloat16()
+    assert not eager_autograd.node_applies([x])
+    assert not eager_autograd.node_applies([x.to("meta")])
+    assert not eager_autograd.node_applies([x, x])
+    monkeypatch.setenv("MOK_BACKWARD", "nonsense")
+    assert not eager_autograd.node_applies([x])  # CPU: decided before MOK_BACKWARD is read
+    monkeypatch.delenv("MOK_BACKWARD")
+    ids = torch.zeros(8, 1, dtype=torch.int32)
+    w13, w2 = torch.randn(2, 128, 64).bfloat16(), torch.randn(2, 64, 64).bfloat16()
+    with pytest.raises(RuntimeError, match=r"x\[0\] is on cpu"):
+        torch.ops.mok.fused_forward_train_node(x.requires_grad_(), ids, torch.ones(8, 1), w13, w2, None, None, 2,
+                                               [], False, 0, True, None, None, None, None)
