@@ -19,7 +19,6 @@
 // Each kernel is reached through the dispatcher (torch.ops.mok's own ops),
 // so every argument check stays where the op is defined.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -31,16 +30,13 @@
 
 #include "op_checks.hpp"
 #include "op_errors.hpp"
+#include "op_handles.hpp"
 
 namespace {
 
 using mok::torch_ops::expect;
 using OptTensor = std::optional<at::Tensor>;
-
-template <class Signature>
-c10::TypedOperatorHandle<Signature> mok_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
+using mok::torch_ops::mok_op;
 
 // torch.ops.mok's kernels, with the exact C++ signatures they were registered
 // with (the dispatcher checks that a typed handle matches its kernel's).

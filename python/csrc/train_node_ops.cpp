@@ -22,7 +22,6 @@
 // The op has an Autograd kernel only: called below autograd it has no
 // kernel, by design (nothing but the autograd path calls it).
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -36,17 +35,14 @@
 #include <vector>
 
 #include "op_errors.hpp"
+#include "op_handles.hpp"
 
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
+using mok::torch_ops::mok_op;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-template <class Signature>
-c10::TypedOperatorHandle<Signature> mok_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 // The ops this node calls, with the C++ signatures their kernels were
 // registered with (fused_forward_train_ops.cpp, staged_schedule_ops.cpp,
